@@ -1,0 +1,1 @@
+"""The frozen-target adapter and every draft architecture, one file per family."""

@@ -1,0 +1,184 @@
+"""What every speculator family shares: the target it drafts for, the training and
+inference interfaces, the registry, and safetensors + JSON persistence.
+
+Alignment convention for training. `draft_logits(features)[b, p, t]` is the draft's
+guess, made from the context the target had at position t, of the target's next-token
+distribution at position `t + shift + p` (i.e. of token `t + shift + p + 1`):
+
+- a family reading the target's hidden state h_t plus the committed token x_{t+1}
+  (mlp, medusa-like) has shift = 1: its step p predicts token t + 2 + p;
+- an independent draft LM reading tokens x_0..x_t has shift = 0.
+
+Inference, batch size 1. After the target's prefill of the prompt, the engine calls
+`start`; each decoding step then goes
+    pending = the token the target chose last (committed, not yet in its KV cache)
+    drafts, logits = propose(state, pending, k)
+    target verifies [pending, d_1..d_k]; n drafts accepted
+    accept(state, [pending, d_1..d_n], target hidden for those n+1 positions)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, ClassVar
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+# objective(draft_logits [N, V], target_logits [N, V]) -> per-row loss [N]
+Objective = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class TargetInfo:
+    """What a speculator may know about its frozen target."""
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    name: str = ""
+    embed_weight: torch.Tensor | None = None  # [V, H], for optional initialisation
+
+    @classmethod
+    def of(cls, target) -> "TargetInfo":
+        return cls(target.vocab_size, target.hidden_size, target.num_layers, target.name,
+                   target.embed_weight.detach())
+
+    def to_json(self) -> dict:
+        return {"vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
+                "num_layers": self.num_layers, "name": self.name}
+
+
+@dataclass
+class Features:
+    """One teacher-forced batch as the target saw it."""
+
+    input_ids: torch.Tensor  # [B, T] long
+    hidden: torch.Tensor  # [B, T, H] target's last hidden state (after the final norm)
+    target_logits: torch.Tensor  # [B, T, V] target's next-token logits at each position
+    loss_mask: torch.Tensor  # [B, T] bool: token t+1 is an assistant token (worth predicting)
+
+
+class Speculator(nn.Module):
+    family: ClassVar[str]
+    Config: ClassVar[type]
+    shift: ClassVar[int]
+
+    def __init__(self, config, target: TargetInfo):
+        super().__init__()
+        self.config = config
+        self.target_info = target
+
+    # --- training -----------------------------------------------------------------
+
+    def draft_logits(self, feats: Features) -> torch.Tensor:  # [B, P, T, V]
+        raise NotImplementedError
+
+    def loss(self, feats: Features, objective: Objective) -> tuple[torch.Tensor, dict[str, float]]:
+        """Mean objective over all trained draft positions, plus per-position metrics."""
+        logits = self.draft_logits(feats)  # [B, P, T, V]
+        B, P, T, V = logits.shape
+        total, count, metrics = logits.new_zeros(()), 0, {}
+        for p in range(P):
+            span = T - self.shift - p  # positions t whose target t + shift + p exists
+            if span <= 0:
+                break
+            draft = logits[:, p, :span]  # [B, span, V]
+            target = feats.target_logits[:, self.shift + p : self.shift + p + span]
+            mask = feats.loss_mask[:, self.shift + p : self.shift + p + span]  # [B, span]
+            if not mask.any():
+                continue
+            per_row = objective(draft[mask], target[mask])  # [N]
+            total = total + per_row.sum()
+            count += per_row.numel()
+            with torch.no_grad():
+                agree = (draft[mask].argmax(-1) == target[mask].argmax(-1)).float().mean()
+            metrics[f"loss_pos{p}"] = per_row.mean().item()
+            metrics[f"acc_pos{p}"] = agree.item()
+        return total / max(count, 1), metrics
+
+    # --- inference (batch size 1) -----------------------------------------------------
+
+    def start(self, prompt_ids: torch.Tensor, prompt_hidden: torch.Tensor) -> Any:
+        """prompt_ids [1, T], prompt_hidden [1, T, H] -> a fresh decoding state."""
+        raise NotImplementedError
+
+    def propose(self, state: Any, pending: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """pending [1, 1] -> (draft tokens [1, k], draft logits [1, k, V])."""
+        raise NotImplementedError
+
+    def accept(self, state: Any, committed: torch.Tensor, hidden: torch.Tensor) -> None:
+        """committed [1, n+1] = pending + accepted drafts; hidden [1, n+1, H] the target's."""
+        raise NotImplementedError
+
+    def max_draft_len(self) -> int | None:
+        """The longest chain this speculator can propose (None: unbounded)."""
+        return None
+
+    # --- persistence ------------------------------------------------------------------
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def save(self, out_dir: str | Path, extra: dict | None = None) -> Path:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        save_file(state, out / "model.safetensors")
+        meta = {"family": self.family, "config": dataclasses.asdict(self.config),
+                "target": self.target_info.to_json(), "params": self.num_params(), **(extra or {})}
+        (out / "config.json").write_text(json.dumps(meta, indent=2))
+        return out
+
+
+REGISTRY: dict[str, type[Speculator]] = {}
+
+
+def register(cls: type[Speculator]) -> type[Speculator]:
+    REGISTRY[cls.family] = cls
+    return cls
+
+
+def build_config(family: str, params: dict) -> Any:
+    cls = speculator_class(family)
+    names = {f.name for f in dataclasses.fields(cls.Config)}
+    unknown = sorted(set(params) - names)
+    if unknown:
+        raise ValueError(f"unknown {family} speculator option(s) {unknown}; valid: {sorted(names)}")
+    return cls.Config(**params)
+
+
+def speculator_class(family: str) -> type[Speculator]:
+    from . import families  # noqa: F401  (fills the registry)
+
+    if family not in REGISTRY:
+        raise ValueError(f"unknown speculator family {family!r}; valid: {sorted(REGISTRY)}")
+    return REGISTRY[family]
+
+
+def build_speculator(family: str, params: dict, target: TargetInfo) -> Speculator:
+    return speculator_class(family)(build_config(family, params), target)
+
+
+def load_speculator(path: str | Path, target: TargetInfo | None = None) -> Speculator:
+    """Load a saved speculator directory (safetensors + config.json; never a pickle)."""
+    path = Path(path)
+    cfg_file, weights = path / "config.json", path / "model.safetensors"
+    if not cfg_file.is_file() or not weights.is_file():
+        raise FileNotFoundError(f"{path} is not a speculator checkpoint: needs config.json and model.safetensors")
+    try:
+        meta = json.loads(cfg_file.read_text())
+        state = load_file(weights)
+    except Exception as exc:
+        raise ValueError(f"corrupt speculator checkpoint {path}: {exc}") from exc
+    saved = TargetInfo(**meta["target"])
+    if target is not None and (target.vocab_size, target.hidden_size) != (saved.vocab_size, saved.hidden_size):
+        raise ValueError(f"{path} was trained for target {saved.name} "
+                         f"(vocab {saved.vocab_size}, hidden {saved.hidden_size}), not {target.name}")
+    model = build_speculator(meta["family"], meta["config"], target or saved)
+    model.load_state_dict(state)
+    return model.eval()

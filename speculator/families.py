@@ -1,0 +1,3 @@
+"""Imports every family module so that each registers itself."""
+
+from . import draft_lm, mlp  # noqa: F401

@@ -1,0 +1,97 @@
+"""The frozen target: a `transformers` causal LM wrapped for speculative decoding.
+
+One call gives logits, the last hidden state (the LM head's input, i.e. after the final
+norm) and any requested intermediate hidden states, with an incremental KV cache that
+can be rolled back by n tokens when drafts are rejected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Sequence
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+
+@dataclass
+class TargetOutput:
+    logits: torch.Tensor | None  # [B, T', V], T' = T or 1 (logits_for="last")
+    hidden: torch.Tensor  # [B, T, H] after the final norm: what the LM head reads
+    layers: dict[int, torch.Tensor] = field(default_factory=dict)  # id -> [B, T, H]
+
+
+class FrozenTarget(nn.Module):
+    """A causal LM in eval mode with no gradients, plus the helpers decoding needs."""
+
+    def __init__(self, model: nn.Module, tokenizer, name: str):
+        super().__init__()
+        self.model = model.eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.tokenizer = tokenizer
+        self.name = name
+        cfg = model.config
+        self.vocab_size: int = cfg.vocab_size
+        self.hidden_size: int = cfg.hidden_size
+        self.num_layers: int = cfg.num_hidden_layers
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.lm_head.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.lm_head.weight.device
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:  # [V, H]
+        return self.model.lm_head.weight
+
+    @property
+    def embed_weight(self) -> torch.Tensor:  # [V, H]
+        return self.model.get_input_embeddings().weight
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        ids = self.model.generation_config.eos_token_id
+        if ids is None:
+            ids = self.tokenizer.eos_token_id
+        return set(ids if isinstance(ids, list) else [ids])
+
+    def new_cache(self) -> DynamicCache:
+        return DynamicCache(config=self.model.config)
+
+    @torch.no_grad()
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [B, T]
+        cache: DynamicCache | None = None,
+        layer_ids: Sequence[int] = (),
+        logits_for: Literal["all", "last", "none"] = "all",
+        attention_mask: torch.Tensor | None = None,  # [B, past + T], 1 = real token
+    ) -> TargetOutput:
+        out = self.model.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            past_key_values=cache,
+            use_cache=cache is not None,
+            output_hidden_states=bool(layer_ids),
+        )
+        hidden = out.last_hidden_state  # [B, T, H], final norm applied
+        # hidden_states[0] is the embedding output, hidden_states[i] the output of layer i.
+        layers = {i: out.hidden_states[i] for i in layer_ids}
+        if logits_for == "none":
+            logits = None
+        elif logits_for == "last":
+            logits = self.model.lm_head(hidden[:, -1:])
+        else:
+            logits = self.model.lm_head(hidden)
+        return TargetOutput(logits=logits, hidden=hidden, layers=layers)
+
+    @staticmethod
+    def rollback(cache: DynamicCache, n: int) -> None:
+        """Forget the last n cached positions (rejected draft tokens)."""
+        if n > 0:
+            cache.crop(-n)  # transformers>=5: a negative count removes that many
