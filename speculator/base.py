@@ -9,6 +9,9 @@ distribution at position `t + shift + p` (i.e. of token `t + shift + p + 1`):
   (mlp, medusa-like) has shift = 1: its step p predicts token t + 2 + p;
 - an independent draft LM reading tokens x_0..x_t has shift = 0.
 
+The target's logits are recomputed from its cached hidden states by its frozen LM head,
+only at the rows the loss needs, so no [B, T, V] target tensor is ever stored.
+
 Inference, batch size 1. After the target's prefill of the prompt, the engine calls
 `start`; each decoding step then goes
     pending = the token the target chose last (committed, not yet in its KV cache)
@@ -26,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_model, save_model
 from torch import nn
 
 # objective(draft_logits [N, V], target_logits [N, V]) -> per-row loss [N]
@@ -59,7 +62,6 @@ class Features:
 
     input_ids: torch.Tensor  # [B, T] long
     hidden: torch.Tensor  # [B, T, H] target's last hidden state (after the final norm)
-    target_logits: torch.Tensor  # [B, T, V] target's next-token logits at each position
     loss_mask: torch.Tensor  # [B, T] bool: token t+1 is an assistant token (worth predicting)
 
 
@@ -75,29 +77,45 @@ class Speculator(nn.Module):
 
     # --- training -----------------------------------------------------------------
 
-    def draft_logits(self, feats: Features) -> torch.Tensor:  # [B, P, T, V]
+    def draft_states(self, feats: Features) -> torch.Tensor:  # [B, P, T, D]
+        """Teacher-forced pre-head states for every draft step p and position t."""
         raise NotImplementedError
 
-    def loss(self, feats: Features, objective: Objective) -> tuple[torch.Tensor, dict[str, float]]:
-        """Mean objective over all trained draft positions, plus per-position metrics."""
-        logits = self.draft_logits(feats)  # [B, P, T, V]
-        B, P, T, V = logits.shape
-        total, count, metrics = logits.new_zeros(()), 0, {}
-        for p in range(P):
-            span = T - self.shift - p  # positions t whose target t + shift + p exists
+    def draft_head(self, p: int, states: torch.Tensor) -> torch.Tensor:  # [..., D] -> [..., V]
+        raise NotImplementedError
+
+    def draft_logits(self, feats: Features) -> torch.Tensor:  # [B, P, T, V]
+        states = self.draft_states(feats)
+        return torch.stack([self.draft_head(p, states[:, p]) for p in range(states.shape[1])], 1)
+
+    def loss(self, feats: Features, objective: Objective,
+             target_head: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        """Mean objective over all trained (step, position) pairs, plus per-step metrics.
+
+        Only rows whose predicted token is an assistant token reach the vocabulary-sized
+        heads: the [N, V] logits dominate the cost, so prompt positions are dropped first.
+        `target_head` maps the target's hidden rows [N, H] to its logits [N, V].
+        """
+        states = self.draft_states(feats)  # [B, P, T, D]
+        T = states.shape[2]
+        total, count, metrics = states.new_zeros(()), 0, {}
+        for p in range(states.shape[1]):
+            lo = self.shift + p  # draft (p, t) guesses the target at position t + lo
+            span = T - lo
             if span <= 0:
                 break
-            draft = logits[:, p, :span]  # [B, span, V]
-            target = feats.target_logits[:, self.shift + p : self.shift + p + span]
-            mask = feats.loss_mask[:, self.shift + p : self.shift + p + span]  # [B, span]
+            mask = feats.loss_mask[:, lo:]  # [B, span]
             if not mask.any():
                 continue
-            per_row = objective(draft[mask], target[mask])  # [N]
+            draft = self.draft_head(p, states[:, p, :span][mask])  # [N, V]
+            with torch.no_grad():
+                target = target_head(feats.hidden[:, lo:][mask])  # [N, V]
+            per_row = objective(draft, target)  # [N]
             total = total + per_row.sum()
             count += per_row.numel()
             with torch.no_grad():
-                agree = (draft[mask].argmax(-1) == target[mask].argmax(-1)).float().mean()
-            metrics[f"loss_pos{p}"] = per_row.mean().item()
+                agree = (draft.argmax(-1) == target.argmax(-1)).float().mean()
+            metrics[f"loss_pos{p}"] = per_row.detach().mean().item()
             metrics[f"acc_pos{p}"] = agree.item()
         return total / max(count, 1), metrics
 
@@ -127,8 +145,8 @@ class Speculator(nn.Module):
     def save(self, out_dir: str | Path, extra: dict | None = None) -> Path:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-        save_file(state, out / "model.safetensors")
+        # save_model stores a tied tensor once (draft_lm shares embedding and head).
+        save_model(self, str(out / "model.safetensors"))
         meta = {"family": self.family, "config": dataclasses.asdict(self.config),
                 "target": self.target_info.to_json(), "params": self.num_params(), **(extra or {})}
         (out / "config.json").write_text(json.dumps(meta, indent=2))
@@ -172,13 +190,20 @@ def load_speculator(path: str | Path, target: TargetInfo | None = None) -> Specu
         raise FileNotFoundError(f"{path} is not a speculator checkpoint: needs config.json and model.safetensors")
     try:
         meta = json.loads(cfg_file.read_text())
-        state = load_file(weights)
+        saved = TargetInfo(**meta["target"])
     except Exception as exc:
-        raise ValueError(f"corrupt speculator checkpoint {path}: {exc}") from exc
-    saved = TargetInfo(**meta["target"])
+        raise ValueError(f"corrupt speculator checkpoint {path}: config.json: {exc}") from exc
     if target is not None and (target.vocab_size, target.hidden_size) != (saved.vocab_size, saved.hidden_size):
         raise ValueError(f"{path} was trained for target {saved.name} "
                          f"(vocab {saved.vocab_size}, hidden {saved.hidden_size}), not {target.name}")
-    model = build_speculator(meta["family"], meta["config"], target or saved)
-    model.load_state_dict(state)
+    # Built from the saved description (no embedding): the weights overwrite any init.
+    model = build_speculator(meta["family"], meta["config"], saved)
+    try:
+        load_model(model, str(weights), device=str(target_device(target)))
+    except Exception as exc:
+        raise ValueError(f"corrupt speculator checkpoint {path}: {exc}") from exc
     return model.eval()
+
+
+def target_device(target: TargetInfo | None) -> torch.device:
+    return target.embed_weight.device if target is not None and target.embed_weight is not None else torch.device("cpu")

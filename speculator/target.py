@@ -75,7 +75,7 @@ class FrozenTarget(nn.Module):
         out = self.model.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
-            past_key_values=cache,
+            cache=cache,
             use_cache=cache is not None,
             output_hidden_states=bool(layer_ids),
         )

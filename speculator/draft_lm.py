@@ -1,0 +1,115 @@
+"""An independent small causal LM on the target's tokenizer (classic draft-model speculation).
+
+It reads only tokens, never the target's features, so it can also serve as
+transformers' assisted-generation assistant. Built as a small Llama from `transformers`
+so it inherits the KV cache (and its rollback) the target uses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+
+from .base import Features, Speculator, TargetInfo, register
+
+
+@dataclass
+class DraftLMConfig:
+    num_layers: int = 2
+    """Decoder layers."""
+    hidden_size: int = 256
+    """Width; may differ from the target's."""
+    num_heads: int = 4
+    """Attention heads (head dim = hidden_size / num_heads)."""
+    intermediate_size: int = 768
+    """MLP width of each layer."""
+    init_from_target: bool = True
+    """Start the (tied) embedding from the target's: copied when widths match, else its
+    top principal directions (so similar tokens start close, as in the target)."""
+    max_positions: int = 4096
+    """Longest context it can read."""
+
+
+@dataclass
+class DraftLMState:
+    cache: DynamicCache
+    unfed: list[int] = field(default_factory=list)  # committed tokens not yet in the cache
+    drafted: int = 0  # k of the last proposal
+
+
+@register
+class DraftLM(Speculator):
+    family = "draft_lm"
+    Config = DraftLMConfig
+    shift = 0
+
+    def __init__(self, config: DraftLMConfig, target: TargetInfo):
+        super().__init__(config, target)
+        if config.hidden_size % config.num_heads:
+            raise ValueError(f"draft_lm hidden_size {config.hidden_size} must divide by num_heads {config.num_heads}")
+        self.lm = LlamaForCausalLM(LlamaConfig(
+            vocab_size=target.vocab_size,
+            hidden_size=config.hidden_size,
+            intermediate_size=config.intermediate_size,
+            num_hidden_layers=config.num_layers,
+            num_attention_heads=config.num_heads,
+            num_key_value_heads=config.num_heads,
+            max_position_embeddings=config.max_positions,
+            tie_word_embeddings=True,  # halves the parameters; the output side mirrors the input
+        ))
+        if config.init_from_target and target.embed_weight is not None:
+            self._init_embedding(target.embed_weight.float())
+
+    @torch.no_grad()
+    def _init_embedding(self, target_embed: torch.Tensor) -> None:  # [V, H_target]
+        d = self.config.hidden_size
+        if target_embed.shape[1] == d:
+            init = target_embed
+        else:
+            centred = target_embed - target_embed.mean(0)
+            q = min(d, centred.shape[1])
+            _, _, v = torch.pca_lowrank(centred, q=q, center=False, niter=2)  # v: [H_target, q]
+            init = centred @ v
+            if q < d:  # wider than the target: the extra directions start random
+                extra = torch.randn(init.shape[0], d - q, generator=torch.Generator().manual_seed(0))
+                init = torch.cat([init, extra * init.std()], 1)
+        # keep the per-entry scale of a fresh embedding so the first layers see familiar inputs
+        init = init * (self.lm.config.initializer_range / init.std().clamp_min(1e-8))
+        self.lm.get_input_embeddings().weight.copy_(init)
+
+    def draft_states(self, feats: Features) -> torch.Tensor:  # [B, 1, T, d]
+        return self.lm.model(input_ids=feats.input_ids).last_hidden_state.unsqueeze(1)
+
+    def draft_head(self, p: int, states: torch.Tensor) -> torch.Tensor:
+        return self.lm.lm_head(states)
+
+    # --- inference ----------------------------------------------------------------
+
+    def start(self, prompt_ids: torch.Tensor, prompt_hidden: torch.Tensor) -> DraftLMState:
+        return DraftLMState(cache=DynamicCache(config=self.lm.config), unfed=prompt_ids[0].tolist())
+
+    @torch.no_grad()
+    def propose(self, state: DraftLMState, pending: torch.Tensor, k: int):
+        feed = torch.tensor([state.unfed + pending[0].tolist()], dtype=torch.long)  # [1, n]
+        state.unfed, state.drafted = [], k
+        tokens, logits = [], []
+        for i in range(k):
+            out = self.lm(input_ids=feed, cache=state.cache, use_cache=True, logits_to_keep=1)
+            step_logits = out.logits[:, -1]  # [1, V]
+            feed = step_logits.argmax(-1, keepdim=True)  # [1, 1]
+            tokens.append(feed)
+            logits.append(step_logits)
+        return torch.cat(tokens, 1), torch.stack(logits, 1)  # [1, k], [1, k, V]
+
+    def accept(self, state: DraftLMState, committed: torch.Tensor, hidden: torch.Tensor) -> None:
+        # The cache now holds ..., pending, d_1..d_{k-1}. Keep pending + the accepted
+        # drafts; d_k, when accepted, was never fed and waits in `unfed`.
+        n, k = committed.shape[1] - 1, state.drafted
+        drop = (k - 1) - min(n, k - 1)
+        if drop > 0:
+            state.cache.crop(-drop)
+        if n == k:
+            state.unfed = [int(committed[0, -1])]

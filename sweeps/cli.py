@@ -1,0 +1,263 @@
+"""The `speclab` command line (DESIGN.md's CLI contract).
+
+    speclab train [HYDRA OVERRIDES]      one experiment (Hydra; -m for a multirun)
+    speclab runs [--runs DIR] [--json]   the results table
+    speclab eval CKPT [--prompts FILE] [--json OUT] [target.KEY=VALUE ...]
+    speclab export --best --metric speedup --out DIR [--runs DIR]
+
+Mistakes a user can fix (a missing directory, no runs, a bad metric) print one line to
+stderr and exit with status 2, without a traceback; bugs keep their traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import inspect
+import json
+import sys
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from .index import METRICS, rebuild
+from .results import find_speculator_checkpoint, write_json_atomic
+from .table import format_lossless, format_number, format_per_position, format_speedup, format_table
+
+DEFAULT_RUNS_DIR = "runs"
+NOT_YET_AVAILABLE = ("sweep", "bench", "dashboard")
+# `speclab eval` instantiates the checkpoint's recorded target config: only target builders
+# from this module may be named there, since a config file must not run arbitrary code.
+TARGET_BUILDERS_MODULE = "speclab.speculator.targets"
+USAGE_ERROR = 2
+
+
+class CliError(Exception):
+    """A mistake the user can fix: printed as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line instead of usage + error
+        self.exit(USAGE_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn the clear errors our own code raises on bad input into CliError."""
+    try:
+        yield
+    except (FileNotFoundError, FileExistsError, NotADirectoryError, ValueError) as exc:
+        raise CliError(str(exc)) from exc
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="speclab", description="Train, score and export speculative-decoding draft models.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    commands.add_parser("train", help="one experiment: Hydra overrides, -m for a multirun", add_help=False)
+    commands.add_parser("sweep", help="the predefined sweep configs/sweep/NAME.yaml (not yet available)")
+    commands.add_parser("bench", help="throughput against peers, one process (not yet available)")
+    commands.add_parser("dashboard", help="results dashboard (not yet available)")
+
+    runs = commands.add_parser("runs", help="the results table")
+    runs.add_argument("--runs", default=DEFAULT_RUNS_DIR, help="directory holding the run directories")
+    runs.add_argument("--json", action="store_true", help="print the runs as JSON instead of a table")
+
+    export = commands.add_parser("export", help="export the best run's speculator")
+    export.add_argument("--best", action="store_true", required=True, help="export the best run")
+    export.add_argument("--metric", default="speedup", choices=list(METRICS),
+                        help="measured figure that ranks the runs")
+    export.add_argument("--out", required=True, type=Path, help="export directory (replaced if an earlier export)")
+    export.add_argument("--runs", default=DEFAULT_RUNS_DIR, help="directory holding the run directories")
+
+    ev = commands.add_parser("eval", help="score a checkpoint: acceptance, tok/s, lossless check")
+    ev.add_argument("checkpoint", type=Path, help="speculator checkpoint, run or export directory")
+    ev.add_argument("--prompts", type=Path, help="JSONL prompts file (default: HumanEval)")
+    ev.add_argument("--json", type=Path, dest="json_out", help="also write the report to this JSON file")
+    ev.add_argument("--k", type=int, default=4, help="draft tokens proposed per step")
+    ev.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt")
+    ev.add_argument("--limit", type=int, help="score only the first N prompts")
+    ev.add_argument("overrides", nargs="*", help="target.KEY=VALUE changes to the recorded target, "
+                                                  "e.g. target.device=cuda target.dtype=bf16")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv[:1] == ["train"]:  # Hydra parses its own arguments
+            return run_train(argv[1:])
+        if argv[:1] and argv[0] in NOT_YET_AVAILABLE:
+            raise CliError(f"`speclab {argv[0]}` is not yet available")
+        try:
+            args, extra = build_parser().parse_known_args(argv)
+        except SystemExit as exc:  # --help, or a usage error already printed
+            return int(exc.code or 0)
+        if extra and not (args.command == "eval" and all(_is_override(a) for a in extra)):
+            raise CliError(f"unrecognized arguments: {' '.join(extra)}")
+        if args.command == "eval":
+            args.overrides += extra  # overrides given after an option land here
+        return COMMANDS[args.command](args)
+    except CliError as exc:
+        print(f"speclab: error: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+
+
+def _is_override(arg: str) -> bool:
+    return "=" in arg and not arg.startswith("-")
+
+
+# --- train ------------------------------------------------------------------------------
+
+
+def run_train(hydra_args: list[str]) -> int:
+    """Hand the arguments to the Hydra `train` entry, which reads them from sys.argv."""
+    try:
+        train = importlib.import_module("speclab.sweeps.train")
+    except ModuleNotFoundError as exc:
+        if exc.name != "speclab.sweeps.train":
+            raise
+        raise CliError("`speclab train` is not yet available") from exc
+    saved = sys.argv
+    sys.argv = ["speclab-train", *hydra_args]
+    try:
+        train.main()
+    finally:
+        sys.argv = saved
+    return 0
+
+
+# --- runs and export --------------------------------------------------------------------
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    with user_errors():
+        rows = rebuild(args.runs)
+    if not rows:
+        raise CliError(f"no runs under {args.runs} (no result.json found)")
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print(format_table(rows))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from .export import export_best  # imports torch: only when exporting
+
+    with user_errors():
+        out = export_best(args.runs, args.out, args.metric)
+    print(f"exported the best run by {args.metric} to {out}")
+    return 0
+
+
+# --- eval -------------------------------------------------------------------------------
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from speclab.eval.benchmark import score
+    from speclab.eval.prompts import encode_prompt
+    from speclab.speculator.base import TargetInfo, load_speculator
+
+    with user_errors():
+        for option, value in (("--k", args.k), ("--max-new-tokens", args.max_new_tokens), ("--limit", args.limit)):
+            if value is not None and value < 1:
+                raise ValueError(f"{option} must be at least 1, got {value}")
+        checkpoint = find_speculator_checkpoint(args.checkpoint)
+        target_config = recorded_target_config(checkpoint, args.overrides)
+        prompts = eval_prompts(args.prompts, args.limit)
+        target = build_target(target_config)
+        speculator = load_speculator(checkpoint, TargetInfo.of(target))
+    speculator = speculator.to(device=target.device, dtype=target.dtype)
+    encoded = [encode_prompt(target.tokenizer, item).to(target.device) for item in prompts]  # each [1, T]
+    report = score(target, speculator, encoded, args.max_new_tokens, args.k)
+    print(eval_summary(report, checkpoint, target.name, len(prompts), args))
+    if args.json_out:
+        write_json_atomic(args.json_out, {
+            "checkpoint": str(checkpoint), "target_config": target_config, "k": args.k,
+            "max_new_tokens": args.max_new_tokens, "prompts": str(args.prompts or "humaneval"),
+            "num_prompts": len(prompts), **report,
+        })
+    return 0
+
+
+def recorded_target_config(checkpoint: Path, overrides: list[str]) -> dict:
+    """config.json's "target_config" with target.KEY=VALUE overrides applied, checked."""
+    from omegaconf import OmegaConf
+
+    meta = json.loads((checkpoint / "config.json").read_text())
+    if not isinstance(meta.get("target_config"), dict):
+        raise ValueError(f"{checkpoint}/config.json records no target_config, so its target is unknown")
+    bad = [o for o in overrides if not (_is_override(o) and o.startswith("target."))]
+    if bad:
+        raise ValueError(f"bad override(s) {bad}: eval takes target.KEY=VALUE")
+    changes = OmegaConf.from_dotlist([o.removeprefix("target.") for o in overrides])
+    config = OmegaConf.to_container(OmegaConf.merge(OmegaConf.create(meta["target_config"]), changes))
+    check_target_config(config)
+    return config
+
+
+def check_target_config(config: dict) -> None:
+    """Allow only `_target_: speclab.speculator.targets.<builder of a FrozenTarget>` with plain
+    arguments: no other `_`-keys (nested `_target_`, `_partial_`) that would run other code."""
+    builders = target_builders()
+    if config.get("_target_") not in builders:
+        raise ValueError(f"refusing target _target_ {config.get('_target_')!r}; valid: {sorted(builders)}")
+    special = sorted(_special_keys({k: v for k, v in config.items() if k != "_target_"}))
+    if special:
+        raise ValueError(f"refusing target config keys {special}: only plain builder arguments are allowed")
+
+
+def target_builders() -> set[str]:
+    """The public functions of the targets module that return a FrozenTarget."""
+    module = importlib.import_module(TARGET_BUILDERS_MODULE)
+    return {
+        f"{TARGET_BUILDERS_MODULE}.{name}"
+        for name, fn in vars(module).items()
+        if inspect.isfunction(fn) and fn.__module__ == module.__name__ and not name.startswith("_")
+        and inspect.signature(fn).return_annotation in ("FrozenTarget", module.FrozenTarget)
+    }
+
+
+def _special_keys(value) -> Iterator[str]:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if str(key).startswith("_"):
+                yield str(key)
+            yield from _special_keys(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _special_keys(item)
+
+
+def build_target(config: dict):
+    from hydra.utils import instantiate
+
+    return instantiate(config)
+
+
+def eval_prompts(path: Path | None, limit: int | None) -> list[dict]:
+    from speclab.eval.prompts import humaneval_prompts, load_prompts
+
+    prompts = load_prompts(path)[:limit] if path else humaneval_prompts(limit=limit)
+    if not prompts:
+        raise ValueError(f"no prompts in {path}")
+    return prompts
+
+
+def eval_summary(report: dict, checkpoint: Path, target_name: str, num_prompts: int,
+                 args: argparse.Namespace) -> str:
+    acc, thr = report.get("acceptance") or {}, report.get("throughput") or {}
+    lossless = report.get("lossless") or {}
+    return "\n".join([
+        f"checkpoint {checkpoint} on {target_name}: {num_prompts} prompts, k={args.k}, "
+        f"max_new_tokens={args.max_new_tokens}",
+        f"acceptance length {format_number(acc.get('mean_acceptance_length'))}, "
+        f"rate {format_number(acc.get('acceptance_rate'))}, "
+        f"per position {format_per_position(acc.get('per_position'))}",
+        f"tok/s {format_number(thr.get('spec_tok_s'), '.1f')} speculative vs "
+        f"{format_number(thr.get('baseline_tok_s'), '.1f')} plain = {format_speedup(thr.get('speedup'))}",
+        f"lossless: {format_lossless(lossless)} prompts identical to plain decoding",
+    ])
+
+
+COMMANDS = {"runs": cmd_runs, "export": cmd_export, "eval": cmd_eval}

@@ -1,0 +1,113 @@
+"""One experiment, top to bottom: data -> features -> train -> eval -> result.json."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from speclab.eval.benchmark import score
+from speclab.eval.prompts import encode_prompt, humaneval_prompts, load_prompts
+from speclab.speculator.base import Speculator, TargetInfo, build_speculator
+from speclab.speculator.target import FrozenTarget
+from speclab.speculator.targets import cache_root
+from speclab.training.data import DataConfig, build_dataset
+from speclab.training.features import FeatureDataset, build_feature_store
+from speclab.training.train import fit
+
+from .results import new_result, weights_sha256, write_result
+
+log = logging.getLogger(__name__)
+SPECULATOR_DIR = Path("checkpoints") / "speculator"
+
+
+@dataclass
+class Prepared:
+    target: FrozenTarget
+    dataset: FeatureDataset
+    heldout: list[dict]
+    data_stats: dict
+    feature_bytes_per_token: float | None
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def prepare(cfg: DictConfig) -> Prepared:
+    """Target, training data and target features: everything a sweep's runs share."""
+    target: FrozenTarget = instantiate(cfg.target)
+    data = build_dataset(target, DataConfig(**OmegaConf.to_container(cfg.data, resolve=True)))
+    if cfg.training.features == "offline":
+        store = build_feature_store(target, data.train, data.fingerprint, cache_root() / "features",
+                                    dtype=cfg.training.feature_dtype, batch_size=cfg.training.feature_batch_size)
+        return Prepared(target, FeatureDataset(store=store), data.heldout, data.stats, store.bytes_per_token)
+    return Prepared(target, FeatureDataset(examples=data.train), data.heldout, data.stats, None)
+
+
+def eval_prompts(cfg: DictConfig, heldout: list[dict]) -> list[dict]:
+    """The eval sets named in cfg.eval: HumanEval, the held-out split, a user JSONL."""
+    prompts: list[dict] = []
+    if cfg.eval.humaneval_prompts:
+        prompts += humaneval_prompts(None if cfg.eval.humaneval_prompts < 0 else cfg.eval.humaneval_prompts)
+    prompts += heldout[: cfg.eval.heldout_prompts]
+    if cfg.eval.prompts_file:
+        prompts += load_prompts(cfg.eval.prompts_file)
+    if not prompts:
+        raise ValueError("no eval prompts: set eval.humaneval_prompts, eval.heldout_prompts or eval.prompts_file")
+    return prompts
+
+
+def evaluate(cfg: DictConfig, target: FrozenTarget, speculator: Speculator, prompts: list[dict]) -> dict:
+    encoded = [encode_prompt(target.tokenizer, p, chat_template=cfg.eval.chat_template) for p in prompts]
+    return score(target, speculator.eval(), encoded, cfg.eval.max_new_tokens, cfg.eval.k)
+
+
+def run_experiment(cfg: DictConfig, run_dir: Path) -> dict:
+    """Runs one experiment and writes result.json (also when it fails, then re-raises)."""
+    result = new_result(run_dir.name, OmegaConf.to_container(cfg, resolve=True))
+    start = time.time()
+    try:
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        seed_everything(cfg.seed)
+        prep = prepare(cfg)
+        speculator = build_speculator(cfg.speculator.family, _params(cfg.speculator), TargetInfo.of(prep.target))
+        result["speculator"] = {"family": speculator.family, "params": speculator.num_params()}
+        result["data"] = {**prep.data_stats, "feature_bytes_per_token": prep.feature_bytes_per_token}
+        seed_everything(cfg.seed)
+        result["train"] = fit(speculator, prep.target, prep.dataset, cfg.training, run_dir, cfg.seed)
+        speculator.save(run_dir / SPECULATOR_DIR,
+                        extra={"target_config": OmegaConf.to_container(cfg.target, resolve=True)})
+        result["checkpoint"] = str(SPECULATOR_DIR)
+        result["final_weights_sha256"] = weights_sha256(speculator.state_dict())
+        scored = evaluate(cfg, prep.target, speculator, eval_prompts(cfg, prep.heldout))
+        result.update({key: scored[key] for key in ("acceptance", "throughput", "lossless")})
+        result["eval"] = {"per_prompt": scored.get("per_prompt"), "k": cfg.eval.k,
+                          "max_new_tokens": cfg.eval.max_new_tokens}
+        mismatches = result["lossless"]["mismatches"]
+        if mismatches:
+            raise RuntimeError(f"lossless check failed: {mismatches} prompt(s) differ from plain greedy decoding")
+        result["status"] = "completed"
+    except BaseException as exc:
+        result["status"], result["error"] = "failed", f"{type(exc).__name__}: {exc}".splitlines()[0]
+        raise
+    finally:
+        result["wall_s"] = time.time() - start
+        write_result(run_dir, result)
+    return result
+
+
+def _params(spec_cfg: DictConfig) -> dict:
+    params = OmegaConf.to_container(spec_cfg, resolve=True)
+    params.pop("family")
+    return params

@@ -1,0 +1,151 @@
+"""Export the best run's speculator: weights, config, result.json and a model card.
+
+The export directory is a speculator checkpoint in its own right (`load_speculator` and
+`speclab eval` read it directly). It is assembled in a temporary sibling directory and
+renamed into place, so an existing export is replaced only once the new one is complete.
+Only safetensors and JSON are read: nothing is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from safetensors.torch import load_file
+
+from .index import best, metric_value
+from .results import (EXPORT_MANIFEST, RESULT_FILE, SPECULATOR_FILES, is_speculator_checkpoint,
+                      weights_sha256, write_json_atomic)
+from .table import format_number, format_params, format_per_position, format_speedup
+
+log = logging.getLogger(__name__)
+
+MODEL_CARD = "README.md"
+
+
+def export_best(runs_dir: str | Path, out_dir: str | Path, metric: str = "speedup") -> Path:
+    """Copy the best run (by measured `metric`) into out_dir; returns out_dir."""
+    row = best(runs_dir, metric)
+    run_dir = Path(runs_dir) / row["run_dir"]
+    checkpoint = checkpoint_of(run_dir, row["result"])
+    verify_weights(checkpoint, row["result"].get("final_weights_sha256"))
+
+    def fill(tmp: Path) -> None:
+        for name in SPECULATOR_FILES:
+            shutil.copy2(checkpoint / name, tmp / name)
+        shutil.copy2(run_dir / RESULT_FILE, tmp / RESULT_FILE)  # byte for byte, as measured
+        target_config = json.loads((checkpoint / "config.json").read_text()).get("target_config")
+        (tmp / MODEL_CARD).write_text(model_card(row["result"], metric, target_config))
+        write_json_atomic(tmp / EXPORT_MANIFEST, {
+            "run_id": row["run_id"],
+            "source_run_dir": str(run_dir.resolve()),
+            "metric": metric,
+            "value": metric_value(row, metric),
+            "final_weights_sha256": row["result"].get("final_weights_sha256"),
+            "exported_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        })
+
+    return replace_dir(Path(out_dir), fill)
+
+
+def checkpoint_of(run_dir: Path, result: dict) -> Path:
+    """The speculator directory result.json's `checkpoint` names (relative to the run dir)."""
+    if not result.get("checkpoint"):
+        raise FileNotFoundError(f"run {run_dir} records no checkpoint in its {RESULT_FILE}")
+    checkpoint = run_dir / result["checkpoint"]
+    if not is_speculator_checkpoint(checkpoint):
+        raise FileNotFoundError(
+            f"{checkpoint} (the checkpoint of run {run_dir}) lacks {' or '.join(SPECULATOR_FILES)}")
+    return checkpoint
+
+
+def verify_weights(checkpoint: Path, expected_sha256: str | None) -> None:
+    """Refuse to export weights other than the ones whose figures result.json reports."""
+    if not expected_sha256:
+        log.warning("%s: result.json has no final_weights_sha256; exporting unverified weights", checkpoint)
+        return
+    actual = weights_sha256(load_file(checkpoint / "model.safetensors"))
+    if actual != expected_sha256:
+        raise ValueError(f"{checkpoint}/model.safetensors has sha256 {actual[:12]}..., but the run "
+                         f"measured weights {expected_sha256[:12]}...: the checkpoint was changed")
+
+
+def replace_dir(out_dir: Path, fill: Callable[[Path], None]) -> Path:
+    """Build out_dir's new contents with `fill(tmp)` in a sibling temp dir, then swap it in.
+
+    An existing out_dir is replaced only if it is empty or an earlier export: never a
+    directory of unrelated files a mistyped --out points at.
+    """
+    if out_dir.exists() and not _replaceable(out_dir):
+        raise FileExistsError(f"{out_dir} exists and is not an earlier export; "
+                              "choose another --out or remove it")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.", suffix=".tmp"))
+    try:
+        fill(tmp)
+        if out_dir.exists():
+            old = Path(f"{tmp}.old")
+            os.replace(out_dir, old)
+            try:
+                os.replace(tmp, out_dir)
+            except BaseException:
+                os.replace(old, out_dir)  # put the previous export back
+                raise
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def _replaceable(path: Path) -> bool:
+    return path.is_dir() and ((path / EXPORT_MANIFEST).is_file() or not any(path.iterdir()))
+
+
+def model_card(result: dict, metric: str, target_config: dict | None) -> str:
+    """A short README.md with the run's measured figures."""
+    spec = result.get("speculator") or {}
+    acc = result.get("acceptance") or {}
+    thr = result.get("throughput") or {}
+    lossless = result.get("lossless") or {}
+    train = result.get("train") or {}
+    target = (target_config or {}).get("_target_", "unknown")
+    lines = [
+        f"# speclab speculator `{result.get('run_id')}`",
+        "",
+        f"A `{spec.get('family')}` speculator ({format_params(spec.get('params'))} parameters), "
+        f"the best run by measured **{metric}**.",
+        "",
+        f"- target: `{target}` ({json.dumps(target_config)})",
+        f"- draft length k: {acc.get('k')}",
+        f"- mean acceptance length: {format_number(acc.get('mean_acceptance_length'))} "
+        f"(acceptance rate {format_number(acc.get('acceptance_rate'))})",
+        f"- per-position acceptance: {format_per_position(acc.get('per_position'))}",
+        f"- tokens/s: {format_number(thr.get('spec_tok_s'), '.1f')} speculative vs "
+        f"{format_number(thr.get('baseline_tok_s'), '.1f')} plain decoding = {format_speedup(thr.get('speedup'))}",
+        f"- lossless check: {lossless.get('mismatches')} mismatches in {lossless.get('checked_prompts')} prompts",
+        f"- training: {train.get('steps')} steps, {train.get('tokens')} tokens, "
+        f"final loss {format_number(train.get('final_loss'), '.4f')}",
+        f"- weights sha256: `{result.get('final_weights_sha256')}`",
+        "",
+        "Files: `model.safetensors` + `config.json` (the speculator), `result.json` (the run's full "
+        "record), `export.json` (where it came from).",
+        "",
+        "```python",
+        "from speclab.speculator.base import load_speculator",
+        'speculator = load_speculator("<this directory>")',
+        "```",
+        "",
+        "Re-score it: `speclab eval <this directory>`.",
+        "",
+    ]
+    return "\n".join(lines)
+

@@ -1,0 +1,218 @@
+"""result.json: the record a run leaves behind, written atomically as its last act.
+
+Run directories are the truth (the results index is only a cache rebuilt from them), so
+a result.json must never be seen half-written: it is written to a temporary file in the
+same directory, fsynced, renamed over the old one, and the directory entry is fsynced.
+
+The fields are DESIGN.md's ("add more, never rename these").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+RESULT_FILE = "result.json"
+STATUSES = ("completed", "failed")
+# A directory holding this file is an export of some run, not a run: the index skips it
+# even when it lies under the runs directory.
+EXPORT_MANIFEST = "export.json"
+# Where the lead's runner saves the speculator inside a run directory (result.json's
+# `checkpoint` field normally names it); also the two files a speculator checkpoint holds.
+SPECULATOR_SUBDIR = Path("checkpoints") / "speculator"
+SPECULATOR_FILES = ("model.safetensors", "config.json")
+MAX_ERROR_CHARS = 500  # `error` is one line; a whole traceback belongs in the logs
+
+
+def new_result(run_id: str, config: Mapping[str, Any] | None = None) -> dict:
+    """A result skeleton with every DESIGN.md field, counters at 0 and measures at None."""
+    return {
+        "run_id": run_id,
+        "status": "completed",
+        "error": None,
+        "config": dict(config or {}),
+        "speculator": {"family": None, "params": 0},
+        "acceptance": {
+            "k": 0,
+            "num_drafts": 0,
+            "num_draft_tokens": 0,
+            "num_accepted_tokens": 0,
+            "acceptance_rate": None,
+            "mean_acceptance_length": None,
+            "per_position": [],
+        },
+        "throughput": {"baseline_tok_s": None, "spec_tok_s": None, "speedup": None},
+        "lossless": {"checked_prompts": 0, "mismatches": 0},
+        "train": {"steps": 0, "tokens": 0, "wall_s": 0.0, "final_loss": None, "restarts": 0, "rollbacks": 0},
+        "checkpoint": None,
+        "final_weights_sha256": None,
+    }
+
+
+def failed_result(
+    run_id: str,
+    config: Mapping[str, Any] | None,
+    error: BaseException | str,
+    partial: Mapping[str, Any] | None = None,
+) -> dict:
+    """A failed run's record: the skeleton, whatever was measured before the failure
+    (`partial`, merged one level deep), status "failed" and a one-line error."""
+    result = new_result(run_id, config)
+    for key, value in (partial or {}).items():
+        if isinstance(value, Mapping) and isinstance(result.get(key), dict):
+            result[key].update(value)
+        else:
+            result[key] = value
+    result["status"] = "failed"
+    result["error"] = one_line_error(error)
+    return result
+
+
+def one_line_error(error: BaseException | str) -> str:
+    if isinstance(error, BaseException):
+        text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    else:
+        text = str(error)
+    text = " ".join(text.split())  # newlines and runs of spaces -> single spaces
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
+
+
+# --- reading and writing ------------------------------------------------------------------
+
+
+def write_result(run_dir: str | Path, result: Mapping[str, Any]) -> Path:
+    """Atomically write `run_dir/result.json`; returns its path."""
+    status = result.get("status")
+    if status not in STATUSES:
+        raise ValueError(f"result status {status!r} is not one of {list(STATUSES)}")
+    if not result.get("run_id"):
+        raise ValueError("result has no run_id")
+    return write_json_atomic(Path(run_dir) / RESULT_FILE, result)
+
+
+def read_result(run_dir: str | Path) -> dict:
+    path = Path(run_dir) / RESULT_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist")
+    try:
+        result = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path} is not valid JSON: {exc}") from exc
+    if not isinstance(result, dict):
+        raise ValueError(f"{path} holds a JSON {type(result).__name__}, not an object")
+    return result
+
+
+def write_json_atomic(path: str | Path, data: Any) -> Path:
+    """Write JSON so that a reader sees the old file or the new one, never a mix."""
+    path = Path(path)
+    text = json.dumps(_finite(data), indent=2, default=_json_default, allow_nan=False) + "\n"
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)  # makes the rename itself durable
+    return path
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # e.g. platforms where a directory cannot be opened
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _finite(value: Any) -> Any:
+    """NaN/inf -> None: strict JSON, readable by any tool (a diverged loss is already
+    told by status and error)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _json_default(value: Any) -> Any:
+    """Paths, tensors and numpy values, which metrics code often hands over."""
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if hasattr(value, "tolist"):  # torch tensors, numpy arrays and numpy scalars
+        return _finite(value.tolist())
+    raise TypeError(f"cannot write {type(value).__name__} to JSON")
+
+
+# --- the speculator checkpoint of a run ----------------------------------------------------
+
+
+def is_speculator_checkpoint(path: str | Path) -> bool:
+    return all((Path(path) / name).is_file() for name in SPECULATOR_FILES)
+
+
+def find_speculator_checkpoint(path: str | Path) -> Path:
+    """A speculator checkpoint directory, given it, a run directory or an export directory.
+
+    A run directory is followed through result.json's `checkpoint` field, else through
+    the standard `checkpoints/speculator/` location.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path} is not a directory")
+    if is_speculator_checkpoint(path):
+        return path
+    candidates = []
+    if (path / RESULT_FILE).is_file():
+        checkpoint = read_result(path).get("checkpoint")
+        if checkpoint:
+            candidates.append(path / checkpoint)
+    candidates.append(path / SPECULATOR_SUBDIR)
+    for candidate in candidates:
+        if is_speculator_checkpoint(candidate):
+            return candidate
+    raise FileNotFoundError(
+        f"{path} holds no speculator checkpoint: expected {' + '.join(SPECULATOR_FILES)} in it, "
+        f"in result.json's `checkpoint` directory, or in {SPECULATOR_SUBDIR}/"
+    )
+
+
+# --- weights fingerprint -----------------------------------------------------------------
+
+
+def weights_sha256(state_dict: Mapping[str, Any]) -> str:
+    """sha256 over a state dict: each tensor's name, dtype, shape and raw bytes, by sorted name.
+
+    Equal for the model in memory and for the same weights reloaded from safetensors, so
+    an export can prove it ships the weights that were measured.
+    """
+    import torch  # here, so that `speclab runs` does not pay torch's import time
+
+    digest = hashlib.sha256()
+    for name in sorted(state_dict):
+        tensor = state_dict[name]
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"state_dict[{name!r}] is a {type(tensor).__name__}, not a tensor")
+        flat = tensor.detach().cpu().contiguous().reshape(-1)
+        # Viewing as bytes works for every dtype, bf16 included (numpy has no bf16).
+        raw = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+        header = f"{name}|{str(tensor.dtype).removeprefix('torch.')}|{list(tensor.shape)}|{len(raw)}"
+        digest.update(header.encode())
+        digest.update(raw)
+    return digest.hexdigest()

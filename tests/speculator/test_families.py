@@ -1,0 +1,118 @@
+"""Every family: its teacher-forced training forward and its incremental inference path
+compute the same logits for the same inputs; configs and registry agree."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from speclab.speculator.base import REGISTRY, Features, TargetInfo, build_speculator, load_speculator, speculator_class
+
+CONFIGS = Path(__file__).parents[2] / "configs" / "speculator"
+# fp32 on the same CPU kernels; the two paths differ only in matmul shapes (batched vs
+# one row), which reorders sums: 1e-5 relative is a few ulps of the logits' scale.
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+SMALL = {
+    "mlp": [dict(n_predict=3, inner_dim=24, tie_weights=True), dict(n_predict=4, inner_dim=17, tie_weights=False)],
+    "draft_lm": [dict(num_layers=2, hidden_size=24, num_heads=3, intermediate_size=40, init_from_target=True),
+                 dict(num_layers=1, hidden_size=16, num_heads=2, intermediate_size=24, init_from_target=False)],
+}
+
+
+def target_info(vocab=53, hidden=20):
+    torch.manual_seed(0)
+    return TargetInfo(vocab_size=vocab, hidden_size=hidden, num_layers=2, name="stub",
+                      embed_weight=torch.randn(vocab, hidden))
+
+
+def test_config_groups_mirror_registry():
+    speculator_class("mlp")  # fills the registry
+    assert {p.stem for p in CONFIGS.glob("*.yaml")} == set(REGISTRY)
+    assert set(SMALL) == set(REGISTRY), "every family needs shapes in this test"
+
+
+def test_unknown_family_and_option_name_valid_choices():
+    with pytest.raises(ValueError, match="valid: .*draft_lm.*mlp"):
+        build_speculator("nope", {}, target_info())
+    with pytest.raises(ValueError, match="valid: .*inner_dim"):
+        build_speculator("mlp", {"width": 3}, target_info())
+
+
+@pytest.mark.parametrize("family", sorted(SMALL))
+@pytest.mark.parametrize("size", [0, 1])
+def test_training_forward_equals_inference(family, size):
+    info = target_info()
+    spec = build_speculator(family, SMALL[family][size], info).eval()
+    torch.manual_seed(1)
+    T0, k = 7, 3  # prompt length, draft steps
+    prompt = torch.randint(0, info.vocab_size, (1, T0))
+    hidden = torch.randn(1, T0 + k + 1, info.hidden_size)
+    pending = torch.randint(0, info.vocab_size, (1, 1))
+
+    state = spec.start(prompt, hidden[:, :T0])
+    drafts, logits = spec.propose(state, pending, k)  # [1, k], [1, k, V]
+    assert drafts.shape == (1, k) and logits.shape == (1, k, info.vocab_size)
+    assert torch.equal(drafts, logits.argmax(-1))
+
+    # Teacher-force the sequence the draft itself produced: prompt, pending, d_1..d_k.
+    seq = torch.cat([prompt, pending, drafts], 1)  # [1, T0 + 1 + k]
+    feats = Features(input_ids=seq, hidden=hidden[:, : seq.shape[1]], loss_mask=torch.ones_like(seq, dtype=torch.bool))
+    with torch.no_grad():
+        tf = spec.draft_logits(feats)  # [1, P, T, V]
+    for i in range(k):
+        # Draft i guesses token T0 + 1 + i: for shift s and step p, position t = T0 + i - s - p.
+        p = min(i, tf.shape[1] - 1)
+        t = T0 + i - spec.shift - p
+        torch.testing.assert_close(tf[0, p, t], logits[0, i], **TOL)
+
+
+@pytest.mark.parametrize("family", sorted(SMALL))
+def test_accept_then_propose_matches_fresh_start(family):
+    """After a partial acceptance, the state equals one started on the committed prefix."""
+    info = target_info()
+    spec = build_speculator(family, SMALL[family][0], info).eval()
+    torch.manual_seed(2)
+    prompt = torch.randint(0, info.vocab_size, (1, 6))
+    hidden = torch.randn(1, 12, info.hidden_size)
+    pending = torch.randint(0, info.vocab_size, (1, 1))
+    for n in range(0, 4):  # accepted drafts, including all k
+        state = spec.start(prompt, hidden[:, :6])
+        drafts, _ = spec.propose(state, pending, 3)
+        committed = torch.cat([pending, drafts[:, :n]], 1)
+        spec.accept(state, committed, hidden[:, 6 : 7 + n])
+        nxt = torch.tensor([[5]])
+        _, after = spec.propose(state, nxt, 3)
+
+        fresh = spec.start(torch.cat([prompt, committed], 1), hidden[:, : 7 + n])
+        _, expected = spec.propose(fresh, nxt, 3)
+        torch.testing.assert_close(after, expected, **TOL)
+
+
+@pytest.mark.parametrize("family", sorted(SMALL))
+def test_save_load_round_trip(family, tmp_path):
+    info = target_info()
+    spec = build_speculator(family, SMALL[family][1], info)
+    spec.save(tmp_path / "ckpt")
+    loaded = load_speculator(tmp_path / "ckpt", info)
+    for (k, a), (_, b) in zip(spec.state_dict().items(), loaded.state_dict().items()):
+        assert torch.equal(a, b), k
+    with pytest.raises(ValueError, match="trained for target"):
+        load_speculator(tmp_path / "ckpt", target_info(vocab=60))
+
+
+def test_corrupt_checkpoint_is_a_clear_error(tmp_path):
+    spec = build_speculator("mlp", SMALL["mlp"][0], target_info())
+    spec.save(tmp_path / "ckpt")
+    (tmp_path / "ckpt" / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(ValueError, match="corrupt speculator checkpoint"):
+        load_speculator(tmp_path / "ckpt")
+    with pytest.raises(FileNotFoundError, match="not a speculator checkpoint"):
+        load_speculator(tmp_path / "missing")
+
+
+def test_mlp_tie_weights_shrinks_parameters():
+    info = target_info()
+    tied = build_speculator("mlp", dict(n_predict=4, inner_dim=16, tie_weights=True), info)
+    untied = build_speculator("mlp", dict(n_predict=4, inner_dim=16, tie_weights=False), info)
+    assert tied.num_params() < untied.num_params()

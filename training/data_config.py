@@ -1,0 +1,131 @@
+"""What a training data set is made of: the `DataConfig` dataclass, one help text per field.
+
+The Hydra group `configs/data/` holds one YAML per source; the runner builds the data with
+`build_dataset(target, DataConfig(**cfg.data))`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal, get_args
+
+Source = Literal["self_distill", "jsonl", "text", "parquet", "hub"]
+SOURCES: tuple[str, ...] = get_args(Source)
+
+# Magpie's user turns follow the system prompt they are sampled under, so these steer the
+# prompt mix: Python coding help (one eval set is HumanEval) and general assistant work.
+DEFAULT_SYSTEM_PROMPTS: list[str] = [
+    "You are an expert Python programmer. Users ask you to write, explain or fix Python functions.",
+    "You are a coding assistant. Users give you a Python function signature with a docstring "
+    "and ask you to implement it.",
+    "You are a helpful AI assistant. Users ask you everyday questions about science, history, "
+    "cooking, travel and writing.",
+    "You are a friendly tutor. Users ask you to explain a concept clearly, step by step.",
+]
+
+
+@dataclass
+class DataConfig:
+    """Where the training conversations come from and how they are tokenised."""
+
+    source: Source = "self_distill"
+    """self_distill: prompts and greedy responses sampled from the target itself (Magpie-style,
+    no download); jsonl / parquet: a local file of chat rows; text: a local plain-text file
+    (loss on every token); hub: a Hugging Face hub data set (needs a network)."""
+
+    # --- where the rows are (file and hub sources) ---------------------------------------
+    path: str | None = None
+    """Local file (or directory of files) for source jsonl, text or parquet."""
+    name: str | None = None
+    """Hub data set id for source=hub, e.g. HuggingFaceH4/ultrachat_200k."""
+    subset: str | None = None
+    """Hub data set configuration (subset) name, if the data set has several."""
+    split: str = "train"
+    """Hub data set split for source=hub."""
+
+    # --- which columns hold what (jsonl, parquet, hub) -----------------------------------
+    messages_field: str = "messages"
+    """Column with a chat: a list of {"role", "content"} dicts. Used when present."""
+    prompt_field: str = "prompt"
+    """Column with a single user prompt, paired with `response_field` (used when there is no messages column)."""
+    response_field: str = "response"
+    """Column with the assistant reply to `prompt_field`."""
+    text_field: str = "text"
+    """Column with raw text (loss on every token): the fallback when no chat columns exist."""
+
+    # --- how much --------------------------------------------------------------------------
+    num_prompts: int = 256
+    """Training conversations to keep (self_distill: distinct prompts to sample, beyond the
+    held-out ones). 0 keeps every row of a file or hub source."""
+    heldout_size: int = 16
+    """Distinct prompts set aside for evaluation, never used in training."""
+    max_seq_len: int = 512
+    """Tokens per training example; longer examples are truncated at the end."""
+    seed: int = 0
+    """Seeds prompt sampling and the train/held-out split."""
+
+    # --- self-distillation (source=self_distill) -----------------------------------------
+    max_prompt_tokens: int = 64
+    """Longest sampled user turn; one that has not ended by then is dropped as truncated."""
+    max_response_tokens: int = 160
+    """Longest greedy assistant response; a longer one is kept, cut at this length."""
+    gen_batch_size: int = 16
+    """Prompts per batched `generate` call (left padded)."""
+    prompt_temperature: float = 1.0
+    """Sampling temperature for the user turns (responses are always greedy)."""
+    prompt_top_p: float = 1.0
+    """Nucleus sampling mass for the user turns; 1.0 disables it."""
+    prompt_sampling_budget: float = 4.0
+    """Stop sampling user turns after this many times the number of prompts wanted, even if
+    dedup and the drop of truncated turns left fewer (a warning says so)."""
+    system_prompts: list[str] = field(default_factory=lambda: list(DEFAULT_SYSTEM_PROMPTS))
+    """System prompts cycled across the sampled user turns; they steer what users ask.
+    Empty: the chat template's default system turn."""
+    response_system_prompt: str | None = None
+    """System prompt the responses are generated (and trained) under. None: the template's
+    default, i.e. the prompt as evaluation renders a bare user turn."""
+
+    def __post_init__(self) -> None:
+        if self.source not in SOURCES:
+            raise ValueError(f"unknown data source {self.source!r}; valid: {', '.join(SOURCES)}")
+        if self.source in ("jsonl", "text", "parquet") and not self.path:
+            raise ValueError(f"data.source={self.source} needs data.path=<local file>")
+        if self.source == "hub" and not self.name:
+            raise ValueError("data.source=hub needs data.name=<hub data set id>")
+        positive = ("max_seq_len", "max_prompt_tokens", "max_response_tokens", "gen_batch_size")
+        for key in positive:
+            if getattr(self, key) <= 0:
+                raise ValueError(f"data.{key} must be positive, got {getattr(self, key)}")
+        if self.num_prompts < 0 or self.heldout_size < 0:
+            raise ValueError("data.num_prompts and data.heldout_size must be >= 0")
+        if self.source == "self_distill" and self.num_prompts == 0:
+            raise ValueError("data.source=self_distill needs data.num_prompts > 0")
+        if self.prompt_temperature <= 0 or not 0 < self.prompt_top_p <= 1:
+            raise ValueError("data.prompt_temperature must be > 0 and data.prompt_top_p in (0, 1]")
+        if self.prompt_sampling_budget < 1:
+            raise ValueError("data.prompt_sampling_budget must be >= 1")
+        self.system_prompts = list(self.system_prompts)  # a Hydra ListConfig becomes a list
+
+
+# Fields that cannot change the data a source produces: left out of its fingerprint, so a
+# sweep that varies one of them still shares the built data set.
+_SAMPLING_FIELDS = {
+    "max_prompt_tokens", "max_response_tokens", "gen_batch_size", "prompt_temperature",
+    "prompt_top_p", "prompt_sampling_budget", "system_prompts", "response_system_prompt",
+}
+_HUB_FIELDS = {"name", "subset", "split"}
+_COLUMN_FIELDS = {"messages_field", "prompt_field", "response_field", "text_field"}
+_IGNORED_BY_SOURCE: dict[str, set[str]] = {
+    "self_distill": {"path"} | _HUB_FIELDS | _COLUMN_FIELDS,
+    "jsonl": _SAMPLING_FIELDS | _HUB_FIELDS,
+    "parquet": _SAMPLING_FIELDS | _HUB_FIELDS,
+    "text": _SAMPLING_FIELDS | _HUB_FIELDS | _COLUMN_FIELDS,
+    "hub": _SAMPLING_FIELDS | {"path"},
+}
+
+
+def fields_that_matter(cfg: DataConfig) -> dict:
+    """The config fields that can change what `cfg.source` builds."""
+    ignored = _IGNORED_BY_SOURCE[cfg.source]
+    return {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ignored}

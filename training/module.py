@@ -1,0 +1,52 @@
+"""The thin Lightning adapter: `training_step` calls the speculator's own loss."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+
+from speclab.speculator.base import Objective, Speculator
+from speclab.speculator.target import FrozenTarget
+
+from .features import to_features
+
+
+class SpeculatorModule(L.LightningModule):
+    def __init__(self, speculator: Speculator, target: FrozenTarget, objective: Objective,
+                 optimizer: Callable, warmup_steps: int, total_steps: int, online: bool):
+        super().__init__()
+        self.speculator = speculator
+        # The target is frozen and not ours to checkpoint: keep it out of the module tree.
+        self._target = [target]
+        self.online = online
+        self.objective = objective
+        self.make_optimizer = optimizer
+        self.warmup_steps, self.total_steps = warmup_steps, total_steps
+
+    def target_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, H] -> [N, V]
+        head = self._target[0].lm_head_weight
+        return F.linear(hidden.to(head.dtype), head).float()
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        feats = to_features(batch, self._target[0] if self.online else None)
+        loss, metrics = self.speculator.loss(feats, self.objective, self.target_logits)
+        self.log("train/loss", loss, prog_bar=True)
+        self.log_dict({f"train/{k}": v for k, v in metrics.items()})
+        self.log("train/tokens", float(feats.loss_mask.sum()), reduce_fx="sum")
+        return loss
+
+    def configure_optimizers(self):
+        opt = self.make_optimizer(self.speculator.parameters())
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, self._lr_factor)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def _lr_factor(self, step: int) -> float:
+        """Linear warm-up, then cosine decay to 10% of the peak by the last step."""
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        progress = min(1.0, (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps))
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
