@@ -76,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--k", type=int, default=4, help="draft tokens proposed per step")
     ev.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt")
     ev.add_argument("--limit", type=int, help="score only the first N prompts")
+    ev.add_argument("--no-chat-template", dest="chat_template", action="store_false",
+                    help="tokenize raw prompt text instead of rendering the tokenizer's chat template")
     ev.add_argument("overrides", nargs="*", help="target.KEY=VALUE changes to the recorded target, "
                                                   "e.g. target.device=cuda target.dtype=bf16")
     return parser
@@ -158,17 +160,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from speclab.eval.prompts import encode_prompt
     from speclab.speculator.base import TargetInfo, load_speculator
 
-    with user_errors():
-        for option, value in (("--k", args.k), ("--max-new-tokens", args.max_new_tokens), ("--limit", args.limit)):
-            if value is not None and value < 1:
-                raise ValueError(f"{option} must be at least 1, got {value}")
+    with user_errors():  # everything a user can get wrong fails here, before minutes of scoring
+        check_eval_args(args)
         checkpoint = find_speculator_checkpoint(args.checkpoint)
         target_config = recorded_target_config(checkpoint, args.overrides)
         prompts = eval_prompts(args.prompts, args.limit)
         target = build_target(target_config)
         speculator = load_speculator(checkpoint, TargetInfo.of(target))
+        encoded = [encode_prompt(target.tokenizer, item, chat_template=args.chat_template).to(target.device)
+                   for item in prompts]  # each [1, T]
     speculator = speculator.to(device=target.device, dtype=target.dtype)
-    encoded = [encode_prompt(target.tokenizer, item).to(target.device) for item in prompts]  # each [1, T]
     report = score(target, speculator, encoded, args.max_new_tokens, args.k)
     print(eval_summary(report, checkpoint, target.name, len(prompts), args))
     if args.json_out:
@@ -178,6 +179,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
             "num_prompts": len(prompts), **report,
         })
     return 0
+
+
+def check_eval_args(args: argparse.Namespace) -> None:
+    for option, value in (("--k", args.k), ("--max-new-tokens", args.max_new_tokens), ("--limit", args.limit)):
+        if value is not None and value < 1:
+            raise ValueError(f"{option} must be at least 1, got {value}")
+    if args.json_out and not args.json_out.parent.is_dir():
+        raise FileNotFoundError(f"--json {args.json_out}: directory {args.json_out.parent} does not exist")
 
 
 def recorded_target_config(checkpoint: Path, overrides: list[str]) -> dict:

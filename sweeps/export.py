@@ -17,11 +17,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from safetensors.torch import load_file
+from speclab.speculator.base import load_speculator
 
 from .index import best, metric_value
-from .results import (EXPORT_MANIFEST, RESULT_FILE, SPECULATOR_FILES, is_speculator_checkpoint,
-                      weights_sha256, write_json_atomic)
+from .results import (EXPORT_MANIFEST, RESULT_FILE, SHARED_DIR_MODE, SPECULATOR_FILES,
+                      is_speculator_checkpoint, weights_sha256, write_json_atomic)
 from .table import format_number, format_params, format_per_position, format_speedup
 
 log = logging.getLogger(__name__)
@@ -66,13 +66,18 @@ def checkpoint_of(run_dir: Path, result: dict) -> Path:
 
 
 def verify_weights(checkpoint: Path, expected_sha256: str | None) -> None:
-    """Refuse to export weights other than the ones whose figures result.json reports."""
+    """Refuse to export weights other than the ones whose figures result.json reports.
+
+    The checkpoint is hashed as `load_speculator` rebuilds it, i.e. as a user will get it:
+    its state dict names a tied tensor under every alias, as the run's in-memory model did,
+    while the safetensors file stores it once.
+    """
     if not expected_sha256:
         log.warning("%s: result.json has no final_weights_sha256; exporting unverified weights", checkpoint)
         return
-    actual = weights_sha256(load_file(checkpoint / "model.safetensors"))
+    actual = weights_sha256(load_speculator(checkpoint).state_dict())
     if actual != expected_sha256:
-        raise ValueError(f"{checkpoint}/model.safetensors has sha256 {actual[:12]}..., but the run "
+        raise ValueError(f"{checkpoint} holds weights with sha256 {actual[:12]}..., but the run "
                          f"measured weights {expected_sha256[:12]}...: the checkpoint was changed")
 
 
@@ -88,6 +93,7 @@ def replace_dir(out_dir: Path, fill: Callable[[Path], None]) -> Path:
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.", suffix=".tmp"))
     try:
+        tmp.chmod(SHARED_DIR_MODE)
         fill(tmp)
         if out_dir.exists():
             old = Path(f"{tmp}.old")

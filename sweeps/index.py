@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .results import EXPORT_MANIFEST, RESULT_FILE, read_result
+from .results import EXPORT_MANIFEST, RESULT_FILE, SHARED_FILE_MODE, read_result
 
 log = logging.getLogger(__name__)
 
@@ -99,12 +99,17 @@ def rebuild(runs_dir: str | Path, index_path: str | Path | None = None) -> list[
     """Rescan runs_dir, rewrite the SQLite index (default runs_dir/.index.sqlite), return the rows."""
     root = _existing_dir(runs_dir)
     rows = load_rows(root)
-    write_index(rows, Path(index_path) if index_path else root / INDEX_FILE)
+    path = Path(index_path) if index_path else root / INDEX_FILE
+    try:
+        write_index(rows, path)
+    except (OSError, sqlite3.Error) as exc:  # e.g. someone else's read-only runs: the rows still stand
+        log.warning("could not write the results index %s: %s", path, exc)
     return rows
 
 
 def write_index(rows: list[dict], index_path: Path) -> None:
     fd, tmp = tempfile.mkstemp(dir=index_path.parent, prefix=f".{index_path.name}.", suffix=".tmp")
+    os.fchmod(fd, SHARED_FILE_MODE)
     os.close(fd)
     try:
         with sqlite3.connect(tmp) as db:

@@ -27,6 +27,10 @@ EXPORT_MANIFEST = "export.json"
 SPECULATOR_SUBDIR = Path("checkpoints") / "speculator"
 SPECULATOR_FILES = ("model.safetensors", "config.json")
 MAX_ERROR_CHARS = 500  # `error` is one line; a whole traceback belongs in the logs
+# mkstemp/mkdtemp create owner-only entries; results on a shared filesystem must stay
+# readable by the rest of the team (the dashboard, other users' exports).
+SHARED_FILE_MODE = 0o644
+SHARED_DIR_MODE = 0o755
 
 
 def new_result(run_id: str, config: Mapping[str, Any] | None = None) -> dict:
@@ -115,6 +119,7 @@ def write_json_atomic(path: str | Path, data: Any) -> Path:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), SHARED_FILE_MODE)
             f.write(text)
             f.flush()
             os.fsync(f.fileno())

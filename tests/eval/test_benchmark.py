@@ -1,0 +1,76 @@
+"""score() and the transformers peer on the tiny target."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+
+import speclab.eval.benchmark as benchmark
+from speclab.eval.benchmark import hf_generate_tok_s, score
+from speclab.eval.engine import generate_plain
+from speclab.eval.prompts import encode_prompt
+from speclab.speculator.targets import tiny_llama
+from speculator_stubs import NeverSpeculator, OracleSpeculator, scripted
+
+MAX_NEW, K = 8, 3
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama()
+
+
+@pytest.fixture(scope="module")
+def prompts(target):
+    texts = ["What is the capital of France?", "Explain why the sky is blue."]
+    return [encode_prompt(target.tokenizer, {"prompt": t}) for t in texts]
+
+
+def test_score_oracle(target, prompts):
+    speculator = scripted(OracleSpeculator, target, prompts, MAX_NEW + K).train()
+    result = score(target, speculator, prompts, MAX_NEW, K, progress=False)
+    assert speculator.training  # the caller's mode comes back
+    assert result["lossless"] == {"checked_prompts": 2, "mismatches": 0}
+    acceptance = result["acceptance"]
+    assert acceptance["k"] == K and acceptance["acceptance_rate"] == 1.0
+    # Warm-up drafts are not counted: each prompt takes ceil((MAX_NEW - 1) / (K + 1)) steps.
+    assert acceptance["num_drafts"] == 2 * math.ceil((MAX_NEW - 1) / (K + 1))
+    throughput = result["throughput"]
+    assert throughput["speedup"] == pytest.approx(throughput["spec_tok_s"] / throughput["baseline_tok_s"])
+    assert [row["lossless"] for row in result["per_prompt"]] == [True, True]
+    assert [row["prompt_tokens"] for row in result["per_prompt"]] == [p.shape[1] for p in prompts]
+
+
+def test_score_counts_mismatches(target, prompts, monkeypatch):
+    real = benchmark.generate_speculative
+
+    def corrupted(*args, **kwargs):
+        gen = real(*args, **kwargs)
+        gen.tokens[-1] += 1
+        return gen
+
+    monkeypatch.setattr(benchmark, "generate_speculative", corrupted)
+    speculator = scripted(NeverSpeculator, target, prompts, MAX_NEW + K)
+    result = score(target, speculator, prompts, MAX_NEW, K, progress=False)
+    assert result["lossless"] == {"checked_prompts": 2, "mismatches": 2}
+    assert [row["lossless"] for row in result["per_prompt"]] == [False, False]
+
+
+def test_score_reports_the_capped_k(target, prompts):
+    speculator = scripted(OracleSpeculator, target, prompts[:1], MAX_NEW + K, max_draft=2)
+    result = score(target, speculator, prompts[:1], MAX_NEW, K, progress=False)
+    assert result["acceptance"]["k"] == 2 and len(result["acceptance"]["per_position"]) == 2
+
+
+def test_score_needs_prompts(target, prompts):
+    with pytest.raises(ValueError, match="at least one prompt"):
+        score(target, scripted(OracleSpeculator, target, prompts, MAX_NEW + K), [], MAX_NEW, K)
+
+
+def test_hf_generate_tok_s_counts_generated_tokens(target, prompts, monkeypatch):
+    # On a fake clock every generate call lasts 0.5 s, so tok/s = new tokens / (0.5 s per prompt);
+    # transformers' greedy tokens are generate_plain's (tested in test_engine).
+    ticks = iter(range(1000))
+    monkeypatch.setattr(benchmark, "time", SimpleNamespace(perf_counter=lambda: next(ticks) * 0.5))
+    new_tokens = sum(generate_plain(target, p, 4).new_tokens for p in prompts)
+    assert hf_generate_tok_s(target, prompts, 4) == pytest.approx(new_tokens / (0.5 * len(prompts)))

@@ -1,0 +1,38 @@
+"""One brief check on the real SmolLM2 target: speculative output equals plain output."""
+
+import pytest
+
+from speclab.eval.engine import generate_plain, generate_speculative
+from speclab.eval.metrics import AcceptanceStats
+from speclab.eval.prompts import encode_prompt, humaneval_prompts
+from speculator_stubs import NeverSpeculator, OracleSpeculator, scripted
+
+MAX_NEW, K = 12, 4
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def target():
+    from speclab.speculator.targets import smollm2_from_gguf
+
+    return smollm2_from_gguf()
+
+
+@pytest.fixture(scope="module")
+def prompt(target):
+    return encode_prompt(target.tokenizer, humaneval_prompts(limit=1)[0])
+
+
+@pytest.fixture(scope="module")
+def plain(target, prompt):
+    return generate_plain(target, prompt, MAX_NEW, eos_ids=())
+
+
+@pytest.mark.parametrize("cls, rate", [(OracleSpeculator, 1.0), (NeverSpeculator, 0.0)], ids=["oracle", "never"])
+def test_speculative_equals_plain_on_smollm2(target, prompt, plain, cls, rate):
+    stats = AcceptanceStats(K)
+    speculator = scripted(cls, target, [prompt], MAX_NEW + K)
+    spec = generate_speculative(target, speculator, prompt, MAX_NEW, K, eos_ids=(), stats=stats)
+    assert spec.tokens == plain.tokens
+    assert stats.acceptance_rate == rate

@@ -1,0 +1,150 @@
+import json
+import sys
+import types
+
+import pytest
+from test_export import TINY_TARGET_CONFIG, make_speculator_run
+from test_index import make_run
+
+from speclab.speculator.targets import tiny_llama
+from speclab.sweeps.cli import main
+
+
+@pytest.fixture(scope="module")
+def tiny_target():
+    return tiny_llama(seed=0)
+
+
+@pytest.fixture
+def runs(tmp_path, tiny_target):
+    root = tmp_path / "runs"
+    make_speculator_run(root, "good", tiny_target, speedup=1.4)
+    make_run(root, "lossy", speedup=2.0, mismatches=3)
+    make_run(root, "crashed", status="failed")
+    return root
+
+
+def _one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+def test_runs_prints_the_table_and_json(runs, capsys):
+    assert main(["runs", "--runs", str(runs)]) == 0
+    table = capsys.readouterr().out
+    assert table.index("lossy") < table.index("good") < table.index("crashed")  # by speedup
+    assert main(["runs", "--runs", str(runs), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {r["run_id"]: r["status"] for r in rows} == {"good": "completed", "lossy": "completed",
+                                                         "crashed": "failed"}
+    assert next(r for r in rows if r["run_id"] == "good")["result"]["throughput"]["speedup"] == 1.4
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["runs", "--runs", "{tmp}/missing"], "does not exist"),
+    (["runs", "--runs", "{tmp}"], "no runs"),
+    (["export", "--best", "--metric", "loss", "--out", "{tmp}/x", "--runs", "{tmp}"], "invalid choice"),
+    (["export", "--best", "--out", "{tmp}/x", "--runs", "{tmp}/missing"], "does not exist"),
+    (["runs", "--bogus"], "unrecognized arguments"),
+    (["sweep", "tiny"], "not yet available"),
+    (["dashboard"], "not yet available"),
+    ([], "required"),
+])
+def test_user_mistakes_exit_2_with_one_line(tmp_path, capsys, argv, message):
+    assert main([a.format(tmp=tmp_path) for a in argv]) == 2
+    assert message in _one_error_line(capsys)
+
+
+def test_export_writes_the_best_lossless_run(tmp_path, runs, capsys):
+    out = tmp_path / "best"
+    assert main(["export", "--best", "--metric", "speedup", "--out", str(out), "--runs", str(runs)]) == 0
+    assert json.loads((out / "export.json").read_text())["run_id"] == "good"  # not the faster lossy run
+    assert str(out) in capsys.readouterr().out
+
+
+def test_export_without_an_eligible_run_exits_2(tmp_path, capsys):
+    make_run(tmp_path / "runs", "lossy", mismatches=1)
+    argv = ["export", "--best", "--out", str(tmp_path / "best"), "--runs", str(tmp_path / "runs")]
+    assert main(argv) == 2
+    assert "no completed, lossless run" in _one_error_line(capsys)
+
+
+def test_train_forwards_its_arguments_to_the_hydra_entry(monkeypatch):
+    seen = []
+    fake = types.ModuleType("speclab.sweeps.train")
+    fake.main = lambda: seen.append(list(sys.argv[1:]))
+    monkeypatch.setitem(sys.modules, "speclab.sweeps.train", fake)
+    saved_argv = list(sys.argv)
+    assert main(["train", "-m", "speculator=mlp", "training.max_steps=2"]) == 0
+    assert seen == [["-m", "speculator=mlp", "training.max_steps=2"]]
+    assert sys.argv == saved_argv
+
+
+# --- eval ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def prompts_file(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    lines = [{"prompt": "def add(a, b):"}, {"messages": [{"role": "user", "content": "hello"}]},
+             {"prompt": "never read: --limit 2"}]
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    return path
+
+
+def test_eval_scores_a_run_directory_on_the_recorded_target(tmp_path, runs, prompts_file, capsys):
+    out = tmp_path / "eval.json"
+    argv = ["eval", str(runs / "good"), "--prompts", str(prompts_file), "--json", str(out),
+            "--k", "2", "--max-new-tokens", "4", "--limit", "2"]
+    assert main(argv) == 0
+    report = json.loads(out.read_text())
+    assert report["num_prompts"] == 2 and report["target_config"] == TINY_TARGET_CONFIG
+    assert report["lossless"] == {"checked_prompts": 2, "mismatches": 0}
+    assert report["acceptance"]["k"] == 2 and report["throughput"]["spec_tok_s"] > 0
+    assert "acceptance length" in capsys.readouterr().out
+
+
+def test_eval_applies_target_overrides(tmp_path, runs, prompts_file, monkeypatch):
+    seen = {}
+    import speclab.eval.benchmark as benchmark
+
+    def fake_score(target, speculator, prompts, max_new_tokens, k, progress=True):
+        seen.update(target=target.name, prompts=len(prompts), k=k)
+        return {"acceptance": {}, "throughput": {}, "lossless": {}, "per_prompt": []}
+
+    monkeypatch.setattr(benchmark, "score", fake_score)
+    assert main(["eval", str(runs / "good"), "--prompts", str(prompts_file)]) == 0
+    assert seen == {"target": "tiny-llama-seed0", "prompts": 3, "k": 4}  # recorded config, defaults
+    assert main(["eval", str(runs / "good"), "--prompts", str(prompts_file), "target.seed=5", "--k", "3"]) == 0
+    assert seen == {"target": "tiny-llama-seed5", "prompts": 3, "k": 3}
+
+
+@pytest.mark.parametrize("target_config, message", [
+    ({"_target_": "os.system", "command": "echo pwned"}, "refusing target _target_"),
+    ({"_target_": "speclab.speculator.targets.shutil.rmtree", "path": "x"}, "refusing target _target_"),
+    ({"_target_": "speclab.speculator.targets.convert_gguf", "gguf": "a", "out_dir": "b"},
+     "refusing target _target_"),
+    ({**TINY_TARGET_CONFIG, "dtype": {"_target_": "os.getcwd"}}, "refusing target config keys"),
+])
+def test_eval_refuses_targets_that_are_not_target_builders(runs, prompts_file, capsys, target_config, message):
+    config_file = runs / "good" / "checkpoints" / "speculator" / "config.json"
+    meta = json.loads(config_file.read_text())
+    config_file.write_text(json.dumps({**meta, "target_config": target_config}))
+    assert main(["eval", str(runs / "good"), "--prompts", str(prompts_file)]) == 2
+    assert message in _one_error_line(capsys)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["seed=3"], "target.KEY=VALUE"),
+    (["--k", "0"], "--k must be at least 1"),
+    (["--json", "no/such/dir/report.json"], "does not exist"),
+])
+def test_eval_argument_mistakes_exit_2(runs, prompts_file, capsys, extra, message):
+    assert main(["eval", str(runs / "good"), "--prompts", str(prompts_file), *extra]) == 2
+    assert message in _one_error_line(capsys)
+
+
+def test_eval_of_a_directory_without_a_checkpoint_exits_2(tmp_path, capsys):
+    assert main(["eval", str(tmp_path)]) == 2
+    assert "no speculator checkpoint" in _one_error_line(capsys)

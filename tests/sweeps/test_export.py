@@ -1,0 +1,129 @@
+import json
+
+import pytest
+import torch
+from test_index import make_run
+
+from speclab.speculator.base import TargetInfo, build_speculator, load_speculator
+from speclab.speculator.targets import tiny_llama
+from speclab.sweeps import export as export_module
+from speclab.sweeps.export import export_best
+from speclab.sweeps.index import NoEligibleRunError, rebuild
+from speclab.sweeps.results import weights_sha256
+
+TINY_TARGET_CONFIG = {"_target_": "speclab.speculator.targets.tiny_llama", "seed": 0}
+SMALL_SPECULATORS = {
+    "mlp": {"n_predict": 2, "inner_dim": 16},
+    "draft_lm": {"num_layers": 1, "hidden_size": 16, "num_heads": 2, "intermediate_size": 32},
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_target():
+    return tiny_llama(seed=0)
+
+
+def make_speculator_run(runs_dir, name, target, *, family="mlp", seed=0, **figures):
+    """A fake run whose checkpoint is a real saved speculator, as the experiment runner writes it."""
+    torch.manual_seed(seed)
+    speculator = build_speculator(family, SMALL_SPECULATORS[family], TargetInfo.of(target))
+    speculator.save(runs_dir / name / "checkpoints" / "speculator", extra={"target_config": TINY_TARGET_CONFIG})
+    make_run(runs_dir, name, family=family, params=speculator.num_params(), checkpoint="checkpoints/speculator",
+             weights_sha256=weights_sha256(speculator.state_dict()), **figures)
+    return speculator
+
+
+@pytest.fixture
+def runs(tmp_path, tiny_target):
+    root = tmp_path / "runs"
+    make_speculator_run(root, "slow", tiny_target, seed=1, speedup=1.1, acceptance_length=2.9)
+    winner = make_speculator_run(root, "fast", tiny_target, seed=2, speedup=1.7, acceptance_length=2.2)
+    make_run(root, "crashed", status="failed")
+    return root, winner
+
+
+def _same_weights(a, b) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_export_copies_the_best_runs_speculator_result_and_card(tmp_path, runs):
+    root, winner = runs
+    out = export_best(root, tmp_path / "best", "speedup")
+    assert sorted(p.name for p in out.iterdir()) == [
+        "README.md", "config.json", "export.json", "model.safetensors", "result.json"]
+    assert _same_weights(load_speculator(out), winner)
+    assert (out / "result.json").read_bytes() == (root / "fast" / "result.json").read_bytes()
+    card = (out / "README.md").read_text()
+    assert "`fast`" in card and "1.70x" in card and "0.60/0.40" in card and "tiny_llama" in card
+    manifest = json.loads((out / "export.json").read_text())
+    assert manifest["run_id"] == "fast" and manifest["metric"] == "speedup" and manifest["value"] == 1.7
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp dirs left
+
+
+def test_export_by_acceptance_length_picks_another_run(tmp_path, runs):
+    root, _ = runs
+    out = export_best(root, tmp_path / "best", "acceptance_length")
+    assert json.loads((out / "export.json").read_text())["run_id"] == "slow"
+
+
+def test_a_tied_weights_speculator_verifies_too(tmp_path, tiny_target):
+    root = tmp_path / "runs"
+    drafter = make_speculator_run(root, "drafter", tiny_target, family="draft_lm", speedup=1.5)
+    out = export_best(root, tmp_path / "best")
+    assert _same_weights(load_speculator(out), drafter)
+
+
+def test_an_earlier_export_is_replaced_only_after_success(tmp_path, runs, tiny_target, monkeypatch):
+    root, _ = runs
+    out = export_best(root, tmp_path / "best")
+    make_speculator_run(root, "faster", tiny_target, seed=3, speedup=2.0)
+
+    def broken_card(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(export_module, "model_card", broken_card)
+    with pytest.raises(RuntimeError, match="disk full"):
+        export_best(root, out)
+    assert json.loads((out / "export.json").read_text())["run_id"] == "fast"  # old export intact
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    monkeypatch.undo()
+    export_best(root, out)
+    assert json.loads((out / "export.json").read_text())["run_id"] == "faster"
+
+
+def test_export_refuses_to_overwrite_an_unrelated_directory(tmp_path, runs):
+    root, _ = runs
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match="not an earlier export"):
+        export_best(root, precious)
+    assert (precious / "notes.txt").read_text() == "keep me"
+
+
+def test_export_refuses_weights_other_than_the_measured_ones(tmp_path, runs, tiny_target):
+    root, _ = runs
+    # Overwrite the winner's checkpoint with different weights after it was measured.
+    torch.manual_seed(99)
+    other = build_speculator("mlp", SMALL_SPECULATORS["mlp"], TargetInfo.of(tiny_target))
+    other.save(root / "fast" / "checkpoints" / "speculator", extra={"target_config": TINY_TARGET_CONFIG})
+    with pytest.raises(ValueError, match="checkpoint was changed"):
+        export_best(root, tmp_path / "best")
+    assert not (tmp_path / "best").exists()
+
+
+def test_export_needs_an_eligible_run_and_its_checkpoint(tmp_path, tiny_target):
+    root = tmp_path / "runs"
+    make_run(root, "lossy", mismatches=1)
+    with pytest.raises(NoEligibleRunError):
+        export_best(root, tmp_path / "best")
+    make_run(root, "no-checkpoint")
+    with pytest.raises(FileNotFoundError, match="records no checkpoint"):
+        export_best(root, tmp_path / "best")
+
+
+def test_the_export_does_not_count_as_a_run(runs):
+    root, _ = runs
+    export_best(root, root / "best")
+    assert "best" not in {r["run_dir"] for r in rebuild(root)}

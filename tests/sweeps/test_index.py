@@ -1,0 +1,127 @@
+import sqlite3
+
+import pytest
+
+from speclab.sweeps.index import INDEX_FILE, NoEligibleRunError, best, read_index, rebuild
+from speclab.sweeps.results import EXPORT_MANIFEST, failed_result, new_result, write_result
+from speclab.sweeps.table import format_per_position, format_table
+
+
+def make_run(runs_dir, name, *, speedup=1.2, acceptance_length=2.0, per_position=(0.6, 0.4),
+             mismatches=0, checked=4, status="completed", family="mlp", params=12_345,
+             checkpoint=None, weights_sha256=None):
+    """Write a fake run directory holding only a result.json with the given figures."""
+    run_dir = runs_dir / name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if status == "failed":
+        result = failed_result(name, {"seed": 0}, RuntimeError("out of memory"),
+                               partial={"speculator": {"family": family, "params": params}})
+    else:
+        result = new_result(name, {"seed": 0})
+        result["speculator"] = {"family": family, "params": params}
+        result["acceptance"].update(k=len(per_position), mean_acceptance_length=acceptance_length,
+                                    acceptance_rate=sum(per_position) / len(per_position),
+                                    per_position=list(per_position))
+        result["throughput"] = {"baseline_tok_s": 10.0, "spec_tok_s": 10.0 * speedup, "speedup": speedup}
+        result["lossless"] = {"checked_prompts": checked, "mismatches": mismatches}
+        result["checkpoint"] = checkpoint
+        result["final_weights_sha256"] = weights_sha256
+    write_result(run_dir, result)
+    return run_dir
+
+
+@pytest.fixture
+def runs(tmp_path):
+    """A sweep-like tree: nested multirun dirs, a failed run and a fast but lossy run."""
+    root = tmp_path / "runs"
+    make_run(root, "sweep/0", speedup=1.30, acceptance_length=2.1)
+    make_run(root, "sweep/1", speedup=1.10, acceptance_length=2.6)
+    make_run(root, "sweep/2", status="failed")
+    make_run(root, "lossy", speedup=3.0, acceptance_length=4.0, mismatches=2)
+    make_run(root, "unchecked", speedup=2.5, acceptance_length=3.5, checked=0)
+    return root
+
+
+def test_rebuild_finds_every_run_and_writes_the_index(runs):
+    rows = rebuild(runs)
+    assert [r["run_dir"] for r in rows] == ["lossy", "sweep/0", "sweep/1", "sweep/2", "unchecked"]
+    by_id = {r["run_id"]: r for r in rows}
+    assert by_id["sweep/2"]["status"] == "failed" and "out of memory" in by_id["sweep/2"]["error"]
+    assert by_id["sweep/0"]["speedup"] == 1.30 and by_id["sweep/1"]["acceptance_length"] == 2.6
+    assert by_id["lossy"]["mismatches"] == 2
+    stored = read_index(runs / INDEX_FILE)
+    assert [r["result"] for r in stored] == [r["result"] for r in rows]
+    with sqlite3.connect(runs / INDEX_FILE) as db:
+        assert db.execute("SELECT speedup FROM runs WHERE run_id = 'sweep/0'").fetchone() == (1.30,)
+    db.close()
+
+
+def test_the_index_is_only_a_cache_of_the_run_directories(runs):
+    rebuild(runs)
+    (runs / "lossy" / "result.json").unlink()
+    make_run(runs, "late", speedup=1.0)
+    ids = {r["run_id"] for r in rebuild(runs)}
+    assert "lossy" not in ids and "late" in ids
+    assert {r["run_id"] for r in read_index(runs / INDEX_FILE)} == ids
+    assert not [p for p in runs.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_best_skips_failed_lossy_and_unchecked_runs(runs):
+    assert best(runs, "speedup")["run_id"] == "sweep/0"
+    assert best(runs, "acceptance_length")["run_id"] == "sweep/1"
+
+
+def test_best_explains_when_no_run_qualifies(tmp_path):
+    root = tmp_path / "runs"
+    make_run(root, "a", status="failed")
+    make_run(root, "b", mismatches=1)
+    with pytest.raises(NoEligibleRunError, match="2 runs: 1 not completed, 1 with lossless mismatches"):
+        best(root)
+    with pytest.raises(ValueError, match="valid: speedup, acceptance_length"):
+        best(root, "final_loss")
+
+
+def test_an_unreadable_result_is_listed_but_never_best(runs):
+    (runs / "broken").mkdir()
+    (runs / "broken" / "result.json").write_text("{ truncated")
+    rows = {r["run_id"]: r for r in rebuild(runs)}
+    assert rows["broken"]["status"] == "unreadable"
+    assert best(runs)["run_id"] == "sweep/0"
+
+
+def test_an_export_inside_the_runs_dir_is_not_a_run(runs):
+    export = make_run(runs, "exported", speedup=9.0)
+    (export / EXPORT_MANIFEST).write_text("{}")
+    assert "exported" not in {r["run_id"] for r in rebuild(runs)}
+
+
+def test_a_missing_runs_dir_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        rebuild(tmp_path / "nope")
+
+
+# --- the runs table ---------------------------------------------------------------------
+
+
+def test_table_lists_runs_by_speedup_with_their_figures(runs):
+    lines = format_table(rebuild(runs)).splitlines()
+    header = lines[0].split()
+    assert header[:3] == ["run", "family", "params"] and "speedup" in header and "status" in header
+    order = [line.split()[0] for line in lines[2:7]]
+    assert order == ["lossy", "unchecked", "sweep/0", "sweep/1", "sweep/2"]  # failed (no speedup) last
+    sweep0 = lines[2 + order.index("sweep/0")]
+    for figure in ("12.3K", "2.10", "0.60/0.40", "13.0", "10.0", "1.30x", "4/4", "completed"):
+        assert figure in sweep0
+    assert "2/4" in lines[2 + order.index("lossy")]  # 2 of 4 prompts matched
+    assert any("sweep/2: RuntimeError: out of memory" in line for line in lines)
+
+
+def test_per_position_is_compact_and_table_handles_no_runs():
+    assert format_per_position([0.712, 0.5, 0.38, 0.271]) == "0.71/0.50/0.38/0.27"
+    assert format_per_position([]) == "-"
+    assert format_table([]) == "no runs"
+
+
+def test_an_unwritable_index_does_not_hide_the_runs(runs, tmp_path):
+    rows = rebuild(runs, index_path=tmp_path / "no-such-dir" / INDEX_FILE)
+    assert len(rows) == 5

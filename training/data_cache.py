@@ -1,0 +1,141 @@
+"""The built data set on disk, keyed by a fingerprint of everything it depends on.
+
+A bundle directory holds `train/` (a saved `datasets.Dataset`), `heldout.jsonl`,
+`meta.json` (config, stats) and, written last, the `COMPLETE` marker: a manifest of every
+file's sha256. It is built in a temporary sibling directory and renamed into place, so a
+reader never sees half a bundle; one whose marker is missing or whose files do not match
+it is removed and rebuilt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import datasets
+import torch
+
+from speclab.speculator.target import FrozenTarget
+
+from .data_config import DataConfig, fields_that_matter
+from .data_sources import source_files
+
+log = logging.getLogger(__name__)
+
+DATA_FORMAT_VERSION = 1  # bump when what a bundle holds, or how it is built, changes
+COMPLETE_MARKER = "COMPLETE"
+TRAIN_DIR, HELDOUT_FILE, META_FILE = "train", "heldout.jsonl", "meta.json"
+
+
+# --- fingerprint ---------------------------------------------------------------------------
+
+
+def _sha(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """Vocabulary, special tokens and chat template: all that tokenisation depends on."""
+    return _sha({"vocab": sorted(tokenizer.get_vocab().items()),
+                 "special": tokenizer.all_special_tokens,
+                 "template": getattr(tokenizer, "chat_template", None)})
+
+
+@torch.no_grad()
+def model_fingerprint(target: FrozenTarget) -> str:
+    """The target's identity for generated data: name, config, dtype and a probe of every
+    weight tensor (the first values of each; cheap, yet tells two seeds apart)."""
+    h = hashlib.sha256(f"{target.name}|{target.dtype}|{target.model.config.to_json_string()}".encode())
+    for name, p in sorted(target.model.state_dict().items()):
+        h.update(name.encode())
+        h.update(p.detach().flatten()[:256].float().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _hash_file(h, path: Path):
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h
+
+
+def _files_fingerprint(paths: list[Path]) -> str:
+    h = hashlib.sha256()
+    for path in paths:
+        h.update(path.name.encode())
+        _hash_file(h, path)
+    return h.hexdigest()
+
+
+def data_fingerprint(target: FrozenTarget, cfg: DataConfig) -> str:
+    """What the built data depends on. Tokenising a file depends on the tokenizer only;
+    self-distilled data on the exact model (and dtype) that generated it."""
+    parts = {"format": DATA_FORMAT_VERSION, "config": fields_that_matter(cfg),
+             "tokenizer": tokenizer_fingerprint(target.tokenizer)}
+    if cfg.source == "self_distill":
+        parts["model"] = model_fingerprint(target)
+    elif cfg.source != "hub":  # a hub data set is named by id/subset/split, already in config
+        parts["files"] = _files_fingerprint(source_files(cfg))
+    return _sha(parts)[:16]
+
+
+# --- write / read a bundle -----------------------------------------------------------------
+
+
+def _manifest(bundle: Path) -> dict[str, str]:
+    files = [p for p in sorted(bundle.rglob("*")) if p.is_file() and p.name != COMPLETE_MARKER]
+    return {str(p.relative_to(bundle)): _hash_file(hashlib.sha256(), p).hexdigest() for p in files}
+
+
+def new_work_dir(root: Path, fingerprint: str) -> Path:
+    """A private temporary directory beside the final one (same filesystem: rename is atomic)."""
+    work = root / f".{fingerprint}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    work.mkdir(parents=True)
+    return work
+
+
+def write_bundle(work: Path, fingerprint: str, train: datasets.Dataset, heldout: list[dict], meta: dict) -> None:
+    train.save_to_disk(str(work / TRAIN_DIR))
+    (work / HELDOUT_FILE).write_text("".join(json.dumps(h) + "\n" for h in heldout))
+    (work / META_FILE).write_text(json.dumps({"fingerprint": fingerprint, **meta}, indent=2, default=str))
+    marker = {"fingerprint": fingerprint, "files": _manifest(work)}
+    with open(work / COMPLETE_MARKER, "w") as f:  # last: its presence means the rest is whole
+        json.dump(marker, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def publish(work: Path, final: Path) -> None:
+    """Rename the finished work dir into place. If another process published the same
+    fingerprint meanwhile, its (identical) bundle wins and ours is dropped."""
+    try:
+        os.replace(work, final)
+    except OSError:
+        if read_bundle(final, final.name) is None:
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(work, final)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def read_bundle(bundle: Path, fingerprint: str) -> tuple[datasets.Dataset, list[dict], dict] | None:
+    """(train, heldout, meta) if `bundle` is complete and intact, else None."""
+    marker_file = bundle / COMPLETE_MARKER
+    if not marker_file.is_file():
+        return None
+    try:
+        marker = json.loads(marker_file.read_text())
+        if marker["fingerprint"] != fingerprint or marker["files"] != _manifest(bundle):
+            raise ValueError("files do not match the COMPLETE manifest")
+        train = datasets.load_from_disk(str(bundle / TRAIN_DIR))
+        heldout = [json.loads(line) for line in (bundle / HELDOUT_FILE).read_text().splitlines()]
+        meta = json.loads((bundle / META_FILE).read_text())
+    except Exception as exc:  # a damaged cache is rebuilt, never trusted
+        log.warning("data cache %s is damaged (%s); rebuilding", bundle, exc)
+        return None
+    return train, heldout, meta

@@ -1,0 +1,154 @@
+"""Self-distillation data from the target alone (Magpie-style), no download needed.
+
+1. Prompts: the instruct target is fed its chat template up to the start of a user turn
+   (after a system prompt that steers the topic) and samples the user's message until its
+   end-of-turn token. Truncated, empty or malformed turns are dropped, duplicates removed.
+2. Responses: the target answers each prompt greedily, so a speculator trained on them
+   learns exactly the target's greedy behaviour (what lossless greedy decoding verifies).
+
+Both phases run batched `generate` calls with left padding.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+from tqdm.auto import tqdm
+from transformers import GenerationConfig
+
+from speclab.speculator.target import FrozenTarget
+
+from .data_config import DataConfig
+from .data_sources import normalise
+from .data_tokenize import Encoded, encode_prompt_reply, prompt_ids, tokenize, user_turn_prefix
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Generated:
+    replies: list[list[int]]  # new tokens per prompt, through the first end-of-turn token
+    finished: list[bool]  # the reply ended with an end-of-turn token
+    new_tokens: int  # tokens generated, padding excluded
+    seconds: float
+
+
+@dataclass
+class SampledPrompts:
+    prompts: list[str]  # distinct user turns, in sampling order
+    samples: int  # user turns drawn, including the dropped ones
+    new_tokens: int
+    seconds: float
+
+
+def _pad_id(target: FrozenTarget) -> int:
+    pad = target.tokenizer.pad_token_id
+    return pad if pad is not None else min(target.eos_token_ids)
+
+
+def _left_pad(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left padding keeps every prompt's last token in the last column, where generation
+    continues. Returns input_ids [B, T] and attention_mask [B, T] (1 = real token)."""
+    width = max(len(r) for r in rows)
+    ids = [[pad_id] * (width - len(r)) + r for r in rows]
+    mask = [[0] * (width - len(r)) + [1] * len(r) for r in rows]
+    return torch.tensor(ids, device=device), torch.tensor(mask, device=device)
+
+
+def _cut_at_end_of_turn(row: list[int], end_ids: set[int]) -> tuple[list[int], bool]:
+    for i, tok in enumerate(row):
+        if tok in end_ids:
+            return row[: i + 1], True
+    return row, False
+
+
+@torch.no_grad()
+def generate_batched(target: FrozenTarget, prompts: list[list[int]], gen: GenerationConfig,
+                     batch_size: int, desc: str = "generating", progress: bool = True) -> Generated:
+    """Continue every prompt with `target.model.generate`, `batch_size` at a time.
+
+    Prompts are batched in length order (less padding) and returned in input order.
+    """
+    end_ids = target.eos_token_ids
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    replies: list[list[int]] = [[] for _ in prompts]
+    finished = [False] * len(prompts)
+    new_tokens, t0 = 0, time.perf_counter()
+    starts = range(0, len(order), batch_size)
+    for start in tqdm(starts, desc=desc, unit="batch", disable=not progress, leave=False):
+        idx = order[start : start + batch_size]
+        ids, mask = _left_pad([prompts[i] for i in idx], _pad_id(target), target.device)
+        out = target.model.generate(input_ids=ids, attention_mask=mask, generation_config=gen)
+        for i, row in zip(idx, out[:, ids.shape[1]:].tolist()):  # [b, new]
+            replies[i], finished[i] = _cut_at_end_of_turn(row, end_ids)
+            new_tokens += len(replies[i])
+    return Generated(replies, finished, new_tokens, time.perf_counter() - t0)
+
+
+def _generation_config(target: FrozenTarget, max_new_tokens: int, **sampling) -> GenerationConfig:
+    return GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=sorted(target.eos_token_ids),
+                            pad_token_id=_pad_id(target), **sampling)
+
+
+def _user_turn_text(target: FrozenTarget, reply: list[int], finished: bool) -> str | None:
+    """The sampled user message, or None if it is truncated, empty or malformed (holds a
+    special token such as a new turn header before its end-of-turn token)."""
+    if not finished:
+        return None
+    body = reply[:-1]
+    if set(body) & set(target.tokenizer.all_special_ids):
+        return None
+    text = target.tokenizer.decode(body).strip()
+    return text or None
+
+
+def sample_prompts(target: FrozenTarget, cfg: DataConfig, wanted: int, progress: bool = True) -> SampledPrompts:
+    """Sample up to `wanted` distinct user turns from the target (seeded by cfg.seed)."""
+    tok = target.tokenizer
+    prefixes = [tokenize(tok, user_turn_prefix(tok, s)) for s in (cfg.system_prompts or [None])]
+    gen = _generation_config(target, cfg.max_prompt_tokens, do_sample=True, top_k=0,
+                             temperature=cfg.prompt_temperature, top_p=cfg.prompt_top_p)
+    budget = math.ceil(wanted * cfg.prompt_sampling_budget)
+    kept: list[str] = []
+    seen: set[str] = set()
+    drawn = new_tokens = 0
+    seconds = 0.0
+    bar = tqdm(total=wanted, desc="sampling prompts", unit="prompt", disable=not progress, leave=False)
+    with torch.random.fork_rng(devices=[target.device] if target.device.type == "cuda" else []):
+        torch.manual_seed(cfg.seed)
+        while len(kept) < wanted and drawn < budget:
+            n = min(cfg.gen_batch_size, budget - drawn)
+            batch = [prefixes[(drawn + j) % len(prefixes)] for j in range(n)]  # cycle system prompts
+            out = generate_batched(target, batch, gen, batch_size=n, progress=False)
+            drawn, new_tokens, seconds = drawn + n, new_tokens + out.new_tokens, seconds + out.seconds
+            for reply, finished in zip(out.replies, out.finished):
+                text = _user_turn_text(target, reply, finished)
+                if text is not None and normalise(text) not in seen and len(kept) < wanted:
+                    seen.add(normalise(text))
+                    kept.append(text)
+            bar.update(len(kept) - bar.n)
+    bar.close()
+    if len(kept) < wanted:
+        log.warning("sampled %d user turns but only %d were distinct, complete and well formed "
+                    "(%d wanted); raise data.prompt_sampling_budget or data.max_prompt_tokens",
+                    drawn, len(kept), wanted)
+    return SampledPrompts(kept, drawn, new_tokens, seconds)
+
+
+def response_messages(cfg: DataConfig, prompt: str) -> list[dict]:
+    """The conversation a prompt is answered (and later evaluated) in."""
+    system = [{"role": "system", "content": cfg.response_system_prompt}] if cfg.response_system_prompt else []
+    return system + [{"role": "user", "content": prompt}]
+
+
+def distill_responses(target: FrozenTarget, cfg: DataConfig, prompts: list[str],
+                      progress: bool = True) -> tuple[list[Encoded], Generated]:
+    """Answer each prompt greedily with the target; one encoded example per prompt."""
+    contexts = [prompt_ids(target.tokenizer, response_messages(cfg, p)) for p in prompts]
+    gen = _generation_config(target, cfg.max_response_tokens, do_sample=False)
+    out = generate_batched(target, contexts, gen, cfg.gen_batch_size, "self-distilling responses", progress)
+    return [encode_prompt_reply(c, r) for c, r in zip(contexts, out.replies)], out
