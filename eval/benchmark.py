@@ -31,6 +31,7 @@ class PromptResult:
     plain: Generation
     speculative: Generation
     acceptance: AcceptanceStats
+    peer: tuple[int, float] | None = None  # transformers' generate: (new tokens, seconds)
 
     @property
     def lossless(self) -> bool:
@@ -44,6 +45,7 @@ class PromptResult:
             "spec_tok_s": self.speculative.new_tokens / self.speculative.seconds,
             "mean_acceptance_length": self.acceptance.mean_acceptance_length,
             "lossless": self.lossless,
+            **({"hf_generate_tok_s": self.peer[0] / self.peer[1]} if self.peer else {}),
         }
 
 
@@ -54,15 +56,21 @@ def score(
     max_new_tokens: int,
     k: int,
     progress: bool = True,
+    peer: bool = False,
 ) -> dict:
-    """The acceptance, throughput and lossless blocks of result.json, plus per-prompt rows."""
+    """The acceptance, throughput and lossless blocks of result.json, plus per-prompt rows.
+
+    With `peer`, transformers' own greedy `generate` joins the rotation on every prompt, and
+    throughput gains `hf_generate_tok_s` and `plain_vs_hf` (the project's plain decoding
+    over transformers').
+    """
     if not prompts:
         raise ValueError("score needs at least one prompt")
     k = effective_draft_len(speculator, k)
     with _eval_mode(speculator):
-        _warm_up(target, speculator, prompts[0], min(max_new_tokens, WARMUP_TOKENS), k)
+        _warm_up(target, speculator, prompts[0], min(max_new_tokens, WARMUP_TOKENS), k, peer)
         results = [
-            _score_prompt(target, speculator, prompt, max_new_tokens, k, plain_first=i % 2 == 0)
+            _score_prompt(target, speculator, prompt, max_new_tokens, k, rotation=i, peer=peer)
             for i, prompt in enumerate(tqdm(prompts, desc="score", unit="prompt", disable=not progress))
         ]
     return _summarise(results, k)
@@ -86,23 +94,21 @@ def hf_generate_tok_s(
 
 
 def _score_prompt(
-    target: FrozenTarget, speculator: Speculator, prompt: torch.Tensor, max_new_tokens: int, k: int, plain_first: bool
+    target: FrozenTarget, speculator: Speculator, prompt: torch.Tensor, max_new_tokens: int, k: int,
+    rotation: int, peer: bool = False,
 ) -> PromptResult:
+    """Runs every method once on the prompt, the order rotating from prompt to prompt."""
     stats = AcceptanceStats(k)
-
-    def plain() -> Generation:
-        return generate_plain(target, prompt, max_new_tokens)
-
-    def speculative() -> Generation:
-        return generate_speculative(target, speculator, prompt, max_new_tokens, k, stats=stats)
-
-    if plain_first:
-        plain_gen = plain()
-        spec_gen = speculative()
-    else:
-        spec_gen = speculative()
-        plain_gen = plain()
-    return PromptResult(prompt.shape[-1], plain_gen, spec_gen, stats)
+    methods = {
+        "plain": lambda: generate_plain(target, prompt, max_new_tokens),
+        "speculative": lambda: generate_speculative(target, speculator, prompt, max_new_tokens, k, stats=stats),
+    }
+    if peer:
+        methods["peer"] = lambda: _hf_generate(target, prompt, max_new_tokens)
+    names = list(methods)
+    order = names[rotation % len(names):] + names[: rotation % len(names)]
+    out = {name: methods[name]() for name in order}
+    return PromptResult(prompt.shape[-1], out["plain"], out["speculative"], stats, out.get("peer"))
 
 
 def _summarise(results: list[PromptResult], k: int) -> dict:
@@ -111,17 +117,24 @@ def _summarise(results: list[PromptResult], k: int) -> dict:
         acceptance.merge(result.acceptance)
     baseline = sum(r.plain.new_tokens for r in results) / sum(r.plain.seconds for r in results)
     spec = sum(r.speculative.new_tokens for r in results) / sum(r.speculative.seconds for r in results)
+    throughput = {"baseline_tok_s": baseline, "spec_tok_s": spec, "speedup": spec / baseline}
+    if all(r.peer for r in results):
+        hf = sum(r.peer[0] for r in results) / sum(r.peer[1] for r in results)
+        throughput.update(hf_generate_tok_s=hf, plain_vs_hf=baseline / hf)
     return {
         "acceptance": acceptance.to_dict(),
-        "throughput": {"baseline_tok_s": baseline, "spec_tok_s": spec, "speedup": spec / baseline},
+        "throughput": throughput,
         "lossless": {"checked_prompts": len(results), "mismatches": sum(not r.lossless for r in results)},
         "per_prompt": [r.to_dict() for r in results],
     }
 
 
-def _warm_up(target: FrozenTarget, speculator: Speculator, prompt: torch.Tensor, max_new_tokens: int, k: int) -> None:
+def _warm_up(target: FrozenTarget, speculator: Speculator, prompt: torch.Tensor, max_new_tokens: int, k: int,
+             peer: bool = False) -> None:
     generate_plain(target, prompt, max_new_tokens)
     generate_speculative(target, speculator, prompt, max_new_tokens, k)
+    if peer:
+        _hf_generate(target, prompt, max_new_tokens)
 
 
 def _hf_generate(target: FrozenTarget, prompt: torch.Tensor, max_new_tokens: int) -> tuple[int, float]:

@@ -76,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--k", type=int, default=4, help="draft tokens proposed per step")
     ev.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt")
     ev.add_argument("--limit", type=int, help="score only the first N prompts")
+    ev.add_argument("--peer", action="store_true",
+                    help="also time transformers' own greedy generate, in the same prompt rotation")
     ev.add_argument("--no-chat-template", dest="chat_template", action="store_false",
                     help="tokenize raw prompt text instead of rendering the tokenizer's chat template")
     ev.add_argument("overrides", nargs="*", help="target.KEY=VALUE changes to the recorded target, "
@@ -170,7 +172,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         encoded = [encode_prompt(target.tokenizer, item, chat_template=args.chat_template).to(target.device)
                    for item in prompts]  # each [1, T]
     speculator = speculator.to(device=target.device, dtype=target.dtype)
-    report = score(target, speculator, encoded, args.max_new_tokens, args.k)
+    report = score(target, speculator, encoded, args.max_new_tokens, args.k, peer=args.peer)
     print(eval_summary(report, checkpoint, target.name, len(prompts), args))
     if args.json_out:
         write_json_atomic(args.json_out, {
@@ -266,6 +268,8 @@ def eval_summary(report: dict, checkpoint: Path, target_name: str, num_prompts: 
         f"tok/s {format_number(thr.get('spec_tok_s'), '.1f')} speculative vs "
         f"{format_number(thr.get('baseline_tok_s'), '.1f')} plain = {format_speedup(thr.get('speedup'))}",
         f"lossless: {format_lossless(lossless)} prompts identical to plain decoding",
+        *([f"transformers generate {format_number(thr['hf_generate_tok_s'], '.1f')} tok/s; plain decoding is "
+           f"{format_number(thr['plain_vs_hf'])}x its speed"] if "hf_generate_tok_s" in thr else []),
     ])
 
 

@@ -4,6 +4,9 @@ import math
 from types import SimpleNamespace
 
 import pytest
+import torch
+
+from speclab.speculator.base import TargetInfo, build_speculator
 
 import speclab.eval.benchmark as benchmark
 from speclab.eval.benchmark import hf_generate_tok_s, score
@@ -74,3 +77,17 @@ def test_hf_generate_tok_s_counts_generated_tokens(target, prompts, monkeypatch)
     monkeypatch.setattr(benchmark, "time", SimpleNamespace(perf_counter=lambda: next(ticks) * 0.5))
     new_tokens = sum(generate_plain(target, p, 4).new_tokens for p in prompts)
     assert hf_generate_tok_s(target, prompts, 4) == pytest.approx(new_tokens / (0.5 * len(prompts)))
+
+
+def test_peer_joins_the_rotation_and_reports_its_ratio():
+    from speclab.eval.benchmark import score as score_with_peer
+    from speclab.speculator.targets import tiny_llama
+
+    target = tiny_llama()
+    prompts = [torch.tensor([[1, 5, 9, 13]]), torch.tensor([[1, 7, 2]])]
+    spec = build_speculator("mlp", {"n_predict": 2, "inner_dim": 8}, TargetInfo.of(target))
+    report = score_with_peer(target, spec, prompts, 6, 2, progress=False, peer=True)
+    thr = report["throughput"]
+    assert thr["hf_generate_tok_s"] > 0
+    assert thr["plain_vs_hf"] == pytest.approx(thr["baseline_tok_s"] / thr["hf_generate_tok_s"])
+    assert all("hf_generate_tok_s" in row for row in report["per_prompt"])

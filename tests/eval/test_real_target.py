@@ -36,3 +36,22 @@ def test_speculative_equals_plain_on_smollm2(target, prompt, plain, cls, rate):
     spec = generate_speculative(target, speculator, prompt, MAX_NEW, K, eos_ids=(), stats=stats)
     assert spec.tokens == plain.tokens
     assert stats.acceptance_rate == rate
+
+
+@pytest.mark.parametrize("family", ["mlp", "draft_lm"])
+def test_real_families_are_lossless_on_two_humaneval_prompts(target, family):
+    """Greedy speculative decoding with each real (untrained, seeded) family equals plain
+    greedy decoding token for token on two HumanEval prompts."""
+    import torch
+
+    from speclab.speculator.base import TargetInfo, build_speculator
+
+    torch.manual_seed(0)
+    speculator = build_speculator(family, {}, TargetInfo.of(target)).eval()
+    for item in humaneval_prompts(limit=2):
+        ids = encode_prompt(target.tokenizer, item)
+        plain_out = generate_plain(target, ids, 16)
+        stats = AcceptanceStats(K)
+        spec = generate_speculative(target, speculator, ids, 16, K, stats=stats)
+        assert spec.tokens == plain_out.tokens
+        assert stats.num_drafts > 0

@@ -109,7 +109,7 @@ def test_eval_applies_target_overrides(tmp_path, runs, prompts_file, monkeypatch
     seen = {}
     import speclab.eval.benchmark as benchmark
 
-    def fake_score(target, speculator, prompts, max_new_tokens, k, progress=True):
+    def fake_score(target, speculator, prompts, max_new_tokens, k, progress=True, peer=False):
         seen.update(target=target.name, prompts=len(prompts), k=k)
         return {"acceptance": {}, "throughput": {}, "lossless": {}, "per_prompt": []}
 
