@@ -32,6 +32,8 @@ import torch
 from safetensors.torch import load_model, save_model
 from torch import nn
 
+from .vocab import DraftVocab
+
 # objective(draft_logits [N, V], target_logits [N, V]) -> per-row loss [N]
 Objective = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -45,11 +47,15 @@ class TargetInfo:
     num_layers: int
     name: str = ""
     embed_weight: torch.Tensor | None = None  # [V, H], for optional initialisation
+    token_counts: torch.Tensor | None = None  # [V] assistant-token counts of the training data
 
     @classmethod
     def of(cls, target) -> "TargetInfo":
         return cls(target.vocab_size, target.hidden_size, target.num_layers, target.name,
                    target.embed_weight.detach())
+
+    def with_counts(self, counts: torch.Tensor) -> "TargetInfo":
+        return dataclasses.replace(self, token_counts=counts)
 
     def to_json(self) -> dict:
         return {"vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
@@ -74,6 +80,8 @@ class Speculator(nn.Module):
         super().__init__()
         self.config = config
         self.target_info = target
+        # Every family's config has draft_vocab_size (0: the target's whole vocabulary).
+        self.vocab = DraftVocab(target.vocab_size, config.draft_vocab_size, target.token_counts)
 
     # --- training -----------------------------------------------------------------
 
@@ -94,22 +102,29 @@ class Speculator(nn.Module):
 
         Only rows whose predicted token is an assistant token reach the vocabulary-sized
         heads: the [N, V] logits dominate the cost, so prompt positions are dropped first.
-        `target_head` maps the target's hidden rows [N, H] to its logits [N, V].
+        `target_head(hidden [N, H], columns)` gives the target's logits at the draft
+        vocabulary's columns; with a reduced vocabulary the KL is to the target's
+        distribution renormalised over it, and rows whose next token lies outside it are
+        not trained (the draft could never propose that token).
         """
         states = self.draft_states(feats)  # [B, P, T, D]
         T = states.shape[2]
+        next_ids = torch.zeros_like(feats.input_ids)
+        next_ids[:, :-1] = feats.input_ids[:, 1:]
+        trainable = feats.loss_mask & self.vocab.contains(next_ids)  # [B, T]
+        columns = None if self.vocab.full else self.vocab.ids
         total, count, metrics = states.new_zeros(()), 0, {}
         for p in range(states.shape[1]):
             lo = self.shift + p  # draft (p, t) guesses the target at position t + lo
             span = T - lo
             if span <= 0:
                 break
-            mask = feats.loss_mask[:, lo:]  # [B, span]
+            mask = trainable[:, lo:]  # [B, span]
             if not mask.any():
                 continue
             draft = self.draft_head(p, states[:, p, :span][mask])  # [N, V]
             with torch.no_grad():
-                target = target_head(feats.hidden[:, lo:][mask])  # [N, V]
+                target = target_head(feats.hidden[:, lo:][mask], columns)  # [N, V']
             per_row = objective(draft, target)  # [N]
             total = total + per_row.sum()
             count += per_row.numel()
@@ -126,7 +141,8 @@ class Speculator(nn.Module):
         raise NotImplementedError
 
     def propose(self, state: Any, pending: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """pending [1, 1] -> (draft tokens [1, k], draft logits [1, k, V])."""
+        """pending [1, 1] -> (draft tokens [1, k] as target ids, draft logits [1, k, N]
+        over the draft vocabulary: `self.vocab.to_target` maps their argmax to the tokens)."""
         raise NotImplementedError
 
     def accept(self, state: Any, committed: torch.Tensor, hidden: torch.Tensor) -> None:

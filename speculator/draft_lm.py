@@ -1,8 +1,9 @@
 """An independent small causal LM on the target's tokenizer (classic draft-model speculation).
 
 It reads only tokens, never the target's features, so it can also serve as
-transformers' assisted-generation assistant. Built as a small Llama from `transformers`
-so it inherits the KV cache (and its rollback) the target uses.
+transformers' assisted-generation assistant. Its body is a small Llama from
+`transformers`, so it inherits the KV cache (and its rollback) the target uses; its output
+layer covers the draft vocabulary (all target tokens, or the most frequent N).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+from transformers import DynamicCache, LlamaConfig, LlamaModel
 
 from .base import Features, Speculator, TargetInfo, register
 
@@ -27,10 +28,12 @@ class DraftLMConfig:
     intermediate_size: int = 768
     """MLP width of each layer."""
     init_from_target: bool = True
-    """Start the (tied) embedding from the target's: copied when widths match, else its
-    top principal directions (so similar tokens start close, as in the target)."""
+    """Start the embedding and output layer from the target's embedding: copied when widths
+    match, else its top principal directions (so similar tokens start close, as in the target)."""
     max_positions: int = 4096
     """Longest context it can read."""
+    draft_vocab_size: int = 0
+    """Draft only the N most frequent assistant tokens of the training data (0: all)."""
 
 
 @dataclass
@@ -50,7 +53,7 @@ class DraftLM(Speculator):
         super().__init__(config, target)
         if config.hidden_size % config.num_heads:
             raise ValueError(f"draft_lm hidden_size {config.hidden_size} must divide by num_heads {config.num_heads}")
-        self.lm = LlamaForCausalLM(LlamaConfig(
+        self.body = LlamaModel(LlamaConfig(
             vocab_size=target.vocab_size,
             hidden_size=config.hidden_size,
             intermediate_size=config.intermediate_size,
@@ -58,13 +61,13 @@ class DraftLM(Speculator):
             num_attention_heads=config.num_heads,
             num_key_value_heads=config.num_heads,
             max_position_embeddings=config.max_positions,
-            tie_word_embeddings=True,  # halves the parameters; the output side mirrors the input
         ))
+        self.head = nn.Linear(config.hidden_size, self.vocab.size, bias=False)
         if config.init_from_target and target.embed_weight is not None:
-            self._init_embedding(target.embed_weight.float())
+            self._init_from_embedding(target.embed_weight.float())
 
     @torch.no_grad()
-    def _init_embedding(self, target_embed: torch.Tensor) -> None:  # [V, H_target]
+    def _init_from_embedding(self, target_embed: torch.Tensor) -> None:  # [V, H_target]
         d = self.config.hidden_size
         if target_embed.shape[1] == d:
             init = target_embed
@@ -77,32 +80,33 @@ class DraftLM(Speculator):
                 extra = torch.randn(init.shape[0], d - q, generator=torch.Generator().manual_seed(0))
                 init = torch.cat([init, extra * init.std()], 1)
         # keep the per-entry scale of a fresh embedding so the first layers see familiar inputs
-        init = init * (self.lm.config.initializer_range / init.std().clamp_min(1e-8))
-        self.lm.get_input_embeddings().weight.copy_(init)
+        init = init * (self.body.config.initializer_range / init.std().clamp_min(1e-8))
+        self.body.get_input_embeddings().weight.copy_(init)
+        self.head.weight.copy_(init[self.vocab.ids])
 
     def draft_states(self, feats: Features) -> torch.Tensor:  # [B, 1, T, d]
-        return self.lm.model(input_ids=feats.input_ids).last_hidden_state.unsqueeze(1)
+        return self.body(input_ids=feats.input_ids).last_hidden_state.unsqueeze(1)
 
     def draft_head(self, p: int, states: torch.Tensor) -> torch.Tensor:
-        return self.lm.lm_head(states)
+        return self.head(states)
 
     # --- inference ----------------------------------------------------------------
 
     def start(self, prompt_ids: torch.Tensor, prompt_hidden: torch.Tensor) -> DraftLMState:
-        return DraftLMState(cache=DynamicCache(config=self.lm.config), unfed=prompt_ids[0].tolist())
+        return DraftLMState(cache=DynamicCache(config=self.body.config), unfed=prompt_ids[0].tolist())
 
     @torch.no_grad()
     def propose(self, state: DraftLMState, pending: torch.Tensor, k: int):
         feed = torch.tensor([state.unfed + pending[0].tolist()], dtype=torch.long)  # [1, n]
         state.unfed, state.drafted = [], k
         tokens, logits = [], []
-        for i in range(k):
-            out = self.lm(input_ids=feed, cache=state.cache, use_cache=True, logits_to_keep=1)
-            step_logits = out.logits[:, -1]  # [1, V]
-            feed = step_logits.argmax(-1, keepdim=True)  # [1, 1]
+        for _ in range(k):
+            hidden = self.body(input_ids=feed, cache=state.cache, use_cache=True).last_hidden_state
+            step_logits = self.head(hidden[:, -1])  # [1, N]
+            feed = self.vocab.to_target(step_logits.argmax(-1, keepdim=True))  # [1, 1] target id
             tokens.append(feed)
             logits.append(step_logits)
-        return torch.cat(tokens, 1), torch.stack(logits, 1)  # [1, k], [1, k, V]
+        return torch.cat(tokens, 1), torch.stack(logits, 1)  # [1, k], [1, k, N]
 
     def accept(self, state: DraftLMState, committed: torch.Tensor, hidden: torch.Tensor) -> None:
         # The cache now holds ..., pending, d_1..d_{k-1}. Keep pending + the accepted

@@ -32,6 +32,8 @@ class MLPConfig:
     """Width of each stage's state (projected from the target's hidden size)."""
     tie_weights: bool = True
     """Share embedding, norm, head and (after the first) projection across stages."""
+    draft_vocab_size: int = 0
+    """Draft only the N most frequent assistant tokens of the training data (0: all)."""
 
 
 @dataclass
@@ -54,7 +56,7 @@ class MLPSpeculator(Speculator):
         later = [nn.Linear(d, d, bias=False) for _ in range(1 if config.tie_weights else n - 1)]
         self.proj = nn.ModuleList([first, *later])
         self.norm = nn.ModuleList(nn.LayerNorm(d) for _ in range(shared))
-        self.head = nn.ModuleList(nn.Linear(d, V, bias=False) for _ in range(shared))
+        self.head = nn.ModuleList(nn.Linear(d, self.vocab.size, bias=False) for _ in range(shared))
         self.state_weight = 0.5 ** (0.5 / n)
         self.emb_weight = math.sqrt((1 - self.state_weight**2) * d / 2)
         for e in self.emb:
@@ -96,11 +98,11 @@ class MLPSpeculator(Speculator):
         s, token, tokens, logits = state.hidden.float(), pending[:, 0], [], []
         for i in range(k):
             s = self._stage(i, s, token)  # [1, d]
-            step_logits = self.draft_head(i, s)  # [1, V]
-            token = step_logits.argmax(-1)
+            step_logits = self.draft_head(i, s)  # [1, N]
+            token = self.vocab.to_target(step_logits.argmax(-1))  # [1] target id
             tokens.append(token)
             logits.append(step_logits)
-        return torch.stack(tokens, 1), torch.stack(logits, 1)  # [1, k], [1, k, V]
+        return torch.stack(tokens, 1), torch.stack(logits, 1)  # [1, k], [1, k, N]
 
     def accept(self, state: MLPState, committed: torch.Tensor, hidden: torch.Tensor) -> None:
         state.hidden = hidden[:, -1]

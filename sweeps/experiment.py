@@ -19,7 +19,7 @@ from speclab.speculator.base import Speculator, TargetInfo, build_speculator
 from speclab.speculator.target import FrozenTarget
 from speclab.speculator.targets import cache_root
 from speclab.training.data import DataConfig, build_dataset
-from speclab.training.features import FeatureDataset, build_feature_store
+from speclab.training.features import FeatureDataset, assistant_token_counts, build_feature_store
 from speclab.training.train import fit
 
 from .results import new_result, weights_sha256, write_result
@@ -32,6 +32,7 @@ SPECULATOR_DIR = Path("checkpoints") / "speculator"
 class Prepared:
     target: FrozenTarget
     dataset: FeatureDataset
+    token_counts: torch.Tensor  # [V] assistant-token counts, for reduced draft vocabularies
     heldout: list[dict]
     data_stats: dict
     feature_bytes_per_token: float | None
@@ -50,8 +51,10 @@ def prepare(cfg: DictConfig) -> Prepared:
     if cfg.training.features == "offline":
         store = build_feature_store(target, data.train, data.fingerprint, cache_root() / "features",
                                     dtype=cfg.training.feature_dtype, batch_size=cfg.training.feature_batch_size)
-        return Prepared(target, FeatureDataset(store=store), data.heldout, data.stats, store.bytes_per_token)
-    return Prepared(target, FeatureDataset(examples=data.train), data.heldout, data.stats, None)
+        counts = assistant_token_counts(store, target.vocab_size)
+        return Prepared(target, FeatureDataset(store=store), counts, data.heldout, data.stats, store.bytes_per_token)
+    counts = assistant_token_counts(data.train, target.vocab_size)
+    return Prepared(target, FeatureDataset(examples=data.train), counts, data.heldout, data.stats, None)
 
 
 def eval_prompts(cfg: DictConfig, heldout: list[dict]) -> list[dict]:
@@ -81,7 +84,8 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict:
             torch.set_num_threads(cfg.threads)
         seed_everything(cfg.seed)
         prep = prepare(cfg)
-        speculator = build_speculator(cfg.speculator.family, _params(cfg.speculator), TargetInfo.of(prep.target))
+        info = TargetInfo.of(prep.target).with_counts(prep.token_counts)
+        speculator = build_speculator(cfg.speculator.family, _params(cfg.speculator), info)
         result["speculator"] = {"family": speculator.family, "params": speculator.num_params()}
         result["data"] = {**prep.data_stats, "feature_bytes_per_token": prep.feature_bytes_per_token}
         seed_everything(cfg.seed)

@@ -138,6 +138,16 @@ def open_feature_store(path: Path) -> FeatureStore:
     return store
 
 
+def assistant_token_counts(examples, vocab_size: int) -> torch.Tensor:  # [V] int64
+    """How often each token is an assistant token in the training data (for draft vocabularies)."""
+    if isinstance(examples, FeatureStore):
+        ids, mask = examples.input_ids, examples.loss_mask.astype(bool)
+    else:
+        ids = np.concatenate([np.asarray(e["input_ids"], dtype=np.int64) for e in examples])
+        mask = np.concatenate([np.asarray(e["loss_mask"], dtype=bool) for e in examples])
+    return torch.from_numpy(np.bincount(ids[mask], minlength=vocab_size).astype(np.int64))
+
+
 class FeatureDataset(torch.utils.data.Dataset):
     """Examples of a FeatureStore (offline), or token-only examples (online)."""
 

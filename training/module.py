@@ -26,9 +26,15 @@ class SpeculatorModule(L.LightningModule):
         self.objective = objective
         self.make_optimizer = optimizer
         self.warmup_steps, self.total_steps = warmup_steps, total_steps
+        self._head_rows = None  # (columns, the LM head's rows there), reused across steps
 
-    def target_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, H] -> [N, V]
-        head = self._target[0].lm_head_weight
+    def target_logits(self, hidden: torch.Tensor, columns: torch.Tensor | None) -> torch.Tensor:
+        """[N, H] -> the target's logits [N, V], or only at `columns` [N, len(columns)]."""
+        head = self._target[0].lm_head_weight  # [V, H]
+        if columns is not None:
+            if self._head_rows is None or self._head_rows[0] is not columns:
+                self._head_rows = (columns, head[columns.to(head.device)])
+            head = self._head_rows[1]
         return F.linear(hidden.to(head.dtype), head).float()
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:

@@ -14,16 +14,18 @@ CONFIGS = Path(__file__).parents[2] / "configs" / "speculator"
 TOL = dict(rtol=1e-5, atol=1e-5)
 
 SMALL = {
-    "mlp": [dict(n_predict=3, inner_dim=24, tie_weights=True), dict(n_predict=4, inner_dim=17, tie_weights=False)],
+    "mlp": [dict(n_predict=3, inner_dim=24, tie_weights=True),
+            dict(n_predict=4, inner_dim=17, tie_weights=False, draft_vocab_size=19)],
     "draft_lm": [dict(num_layers=2, hidden_size=24, num_heads=3, intermediate_size=40, init_from_target=True),
-                 dict(num_layers=1, hidden_size=16, num_heads=2, intermediate_size=24, init_from_target=False)],
+                 dict(num_layers=1, hidden_size=16, num_heads=2, intermediate_size=24, init_from_target=True,
+                      draft_vocab_size=19)],
 }
 
 
 def target_info(vocab=53, hidden=20):
     torch.manual_seed(0)
     return TargetInfo(vocab_size=vocab, hidden_size=hidden, num_layers=2, name="stub",
-                      embed_weight=torch.randn(vocab, hidden))
+                      embed_weight=torch.randn(vocab, hidden), token_counts=torch.randint(0, 50, (vocab,)))
 
 
 def test_config_groups_mirror_registry():
@@ -52,8 +54,8 @@ def test_training_forward_equals_inference(family, size):
 
     state = spec.start(prompt, hidden[:, :T0])
     drafts, logits = spec.propose(state, pending, k)  # [1, k], [1, k, V]
-    assert drafts.shape == (1, k) and logits.shape == (1, k, info.vocab_size)
-    assert torch.equal(drafts, logits.argmax(-1))
+    assert drafts.shape == (1, k) and logits.shape == (1, k, spec.vocab.size)
+    assert torch.equal(drafts, spec.vocab.to_target(logits.argmax(-1)))
 
     # Teacher-force the sequence the draft itself produced: prompt, pending, d_1..d_k.
     seq = torch.cat([prompt, pending, drafts], 1)  # [1, T0 + 1 + k]
@@ -95,8 +97,10 @@ def test_save_load_round_trip(family, tmp_path):
     spec = build_speculator(family, SMALL[family][1], info)
     spec.save(tmp_path / "ckpt")
     loaded = load_speculator(tmp_path / "ckpt", info)
-    for (k, a), (_, b) in zip(spec.state_dict().items(), loaded.state_dict().items()):
-        assert torch.equal(a, b), k
+    assert spec.state_dict().keys() == loaded.state_dict().keys()
+    for k, a in spec.state_dict().items():
+        assert torch.equal(a, loaded.state_dict()[k]), k
+    assert torch.equal(loaded.vocab.ids, spec.vocab.ids)  # the trained draft vocabulary survives
     with pytest.raises(ValueError, match="trained for target"):
         load_speculator(tmp_path / "ckpt", target_info(vocab=60))
 
@@ -116,3 +120,17 @@ def test_mlp_tie_weights_shrinks_parameters():
     tied = build_speculator("mlp", dict(n_predict=4, inner_dim=16, tie_weights=True), info)
     untied = build_speculator("mlp", dict(n_predict=4, inner_dim=16, tie_weights=False), info)
     assert tied.num_params() < untied.num_params()
+
+
+def test_reduced_vocab_trains_only_rows_it_can_propose():
+    """Rows whose next token is outside the draft vocabulary carry no loss."""
+    info = target_info()
+    spec = build_speculator("draft_lm", SMALL["draft_lm"][1], info)
+    outside = int((~spec.vocab.t2d()).nonzero()[0])
+    inside = int(spec.vocab.ids[0])
+    ids = torch.tensor([[inside, outside, inside, inside]])
+    feats = Features(input_ids=ids, hidden=torch.zeros(1, 4, info.hidden_size),
+                     loss_mask=torch.tensor([[True, False, False, False]]))  # only t=0 -> next is `outside`
+    seen = []
+    loss, metrics = spec.loss(feats, lambda d, t: seen.append(len(d)) or d.sum(-1) * 0, lambda h, c: h.new_zeros(len(h), len(c)))
+    assert seen == [] and metrics == {}
