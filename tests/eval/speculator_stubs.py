@@ -23,6 +23,7 @@ from speclab.speculator.target import FrozenTarget
 class ScriptConfig:
     references: list[list[int]]  # per prompt: its ids followed by the target's greedy continuation
     max_draft: int | None = None  # what max_draft_len() reports (None: unbounded)
+    draft_vocab_size: int = 0  # every speculator config has one (0: full vocabulary)
 
 
 @dataclass

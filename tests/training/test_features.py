@@ -2,13 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from speclab.speculator.targets import tiny_llama
 from speclab.training.features import FeatureDataset, build_feature_store, collate, to_features
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_llama()
 
 
 def examples(n=5, seed=0):

@@ -10,21 +10,6 @@ from speclab.training.self_distill import (
     Generated, distill_responses, generate_batched, sample_prompts)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # The 2 shared cores are oversubscribed by parallel test runs: two torch threads
-    # spinning against other processes make tiny models ~50x slower.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_llama()
-
-
 def small_config(**overrides) -> DataConfig:
     base = dict(num_prompts=4, heldout_size=2, max_prompt_tokens=48, max_response_tokens=8,
                 gen_batch_size=8, prompt_sampling_budget=10)
