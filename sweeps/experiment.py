@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import random
 import time
 from dataclasses import dataclass
@@ -77,7 +78,9 @@ def evaluate(cfg: DictConfig, target: FrozenTarget, speculator: Speculator, prom
 
 def run_experiment(cfg: DictConfig, run_dir: Path) -> dict:
     """Runs one experiment and writes result.json (also when it fails, then re-raises)."""
-    result = new_result(run_dir.name, OmegaConf.to_container(cfg, resolve=True))
+    # Relative to runs_dir, so runs of different sweeps (both "0-mlp") stay apart in the table.
+    run_id = os.path.relpath(run_dir, cfg.runs_dir) if _inside(run_dir, cfg.runs_dir) else run_dir.name
+    result = new_result(run_id, OmegaConf.to_container(cfg, resolve=True))
     start = time.time()
     try:
         if cfg.threads:
@@ -109,6 +112,10 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict:
         result["wall_s"] = time.time() - start
         write_result(run_dir, result)
     return result
+
+
+def _inside(path: Path, root: str) -> bool:
+    return Path(root).resolve() in path.resolve().parents
 
 
 def _params(spec_cfg: DictConfig) -> dict:
