@@ -81,10 +81,18 @@ def smollm2_gguf_path() -> Path:
 
 
 def _file_fingerprint(path: Path) -> str:
+    """sha256 of the file's bytes, remembered per (size, mtime) so that every later load
+    does not read the ~100 MB file again."""
+    st = path.stat()
+    memo = cache_root() / "targets" / f".{path.name}.{st.st_size}.{st.st_mtime_ns}.v{CONVERTER_VERSION}.sha"
+    if memo.is_file():
+        return memo.read_text().strip()
     h = hashlib.sha256(f"converter-v{CONVERTER_VERSION}".encode())
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 22), b""):
             h.update(chunk)
+    memo.parent.mkdir(parents=True, exist_ok=True)
+    memo.write_text(h.hexdigest()[:16])
     return h.hexdigest()[:16]
 
 

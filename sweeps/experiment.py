@@ -23,7 +23,7 @@ from speclab.training.data import DataConfig, build_dataset
 from speclab.training.features import FeatureDataset, assistant_token_counts, build_feature_store
 from speclab.training.train import fit
 
-from .results import new_result, weights_sha256, write_result
+from .results import new_result, one_line_error, weights_sha256, write_result
 
 log = logging.getLogger(__name__)
 SPECULATOR_DIR = Path("checkpoints") / "speculator"
@@ -106,7 +106,7 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict:
             raise RuntimeError(f"lossless check failed: {mismatches} prompt(s) differ from plain greedy decoding")
         result["status"] = "completed"
     except BaseException as exc:
-        result["status"], result["error"] = "failed", f"{type(exc).__name__}: {exc}".splitlines()[0]
+        result["status"], result["error"] = "failed", one_line_error(exc)
         raise
     finally:
         result["wall_s"] = time.time() - start
