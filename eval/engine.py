@@ -93,15 +93,16 @@ def generate_speculative(
     stop = _stop_ids(target, eos_ids)
     start = time.perf_counter()
     cache = target.new_cache()
-    prefill = target(prompt_ids, cache, logits_for="last")  # logits [1, 1, V], hidden [1, T, H]
-    state = speculator.start(prompt_ids, prefill.hidden)
+    layer_ids = speculator.target_layer_ids
+    prefill = target(prompt_ids, cache, layer_ids, logits_for="last")  # logits [1, 1, V], hidden [1, T, H]
+    state = speculator.start(prompt_ids, prefill.hidden, stack_layers(prefill, layer_ids))
     pending = prefill.logits[:, -1].argmax(dim=-1, keepdim=True)  # [1, 1]
     tokens = [pending.item()]
     steps = 1
     while tokens[-1] not in stop and len(tokens) < max_new_tokens:
         drafts, _ = speculator.propose(state, pending, k)  # [1, k]
         _check_drafts(speculator, drafts, k)
-        out = target(torch.cat([pending, drafts], dim=1), cache, logits_for="all")  # logits [1, k+1, V]
+        out = target(torch.cat([pending, drafts], dim=1), cache, layer_ids, logits_for="all")  # logits [1, k+1, V]
         steps += 1
         # Greedy acceptance reads no draft probabilities.
         n_accepted, next_token = verify(drafts, None, out.logits)  # [1], [1]
@@ -114,10 +115,17 @@ def generate_speculative(
         if len(tokens) >= max_new_tokens or not stop.isdisjoint(committed):
             break  # done: skip the cache and speculator updates nobody will read
         FrozenTarget.rollback(cache, k - n)  # the cache keeps pending, d_1..d_n
-        speculator.accept(state, torch.cat([pending, drafts[:, :n]], dim=1), out.hidden[:, : n + 1])
+        layers = stack_layers(out, layer_ids)
+        speculator.accept(state, torch.cat([pending, drafts[:, :n]], dim=1), out.hidden[:, : n + 1],
+                          None if layers is None else layers[:, : n + 1])
         pending = next_token.view(1, 1)
     tokens = _truncate(tokens, stop, max_new_tokens)
     return Generation(tokens, time.perf_counter() - start, steps, len(tokens))
+
+
+def stack_layers(out, layer_ids: tuple[int, ...]) -> torch.Tensor | None:
+    """The requested intermediate layers as one tensor [B, T, L, H] (None when none)."""
+    return torch.stack([out.layers[i] for i in layer_ids], dim=2) if layer_ids else None
 
 
 def _check_prompt(target: FrozenTarget, prompt_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:

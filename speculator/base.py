@@ -47,12 +47,13 @@ class TargetInfo:
     num_layers: int
     name: str = ""
     embed_weight: torch.Tensor | None = None  # [V, H], for optional initialisation
+    lm_head_weight: torch.Tensor | None = None  # [V, H], frozen; for families drafting through it
     token_counts: torch.Tensor | None = None  # [V] assistant-token counts of the training data
 
     @classmethod
     def of(cls, target) -> "TargetInfo":
         return cls(target.vocab_size, target.hidden_size, target.num_layers, target.name,
-                   target.embed_weight.detach())
+                   target.embed_weight.detach(), target.lm_head_weight.detach())
 
     def with_counts(self, counts: torch.Tensor) -> "TargetInfo":
         return dataclasses.replace(self, token_counts=counts)
@@ -69,6 +70,7 @@ class Features:
     input_ids: torch.Tensor  # [B, T] long
     hidden: torch.Tensor  # [B, T, H] target's last hidden state (after the final norm)
     loss_mask: torch.Tensor  # [B, T] bool: token t+1 is an assistant token (worth predicting)
+    layers: torch.Tensor | None = None  # [B, T, L, H] the target's hidden_states[i] for i in target_layer_ids
 
 
 class Speculator(nn.Module):
@@ -91,6 +93,11 @@ class Speculator(nn.Module):
 
     def draft_head(self, p: int, states: torch.Tensor) -> torch.Tensor:  # [..., D] -> [..., V]
         raise NotImplementedError
+
+    def draft_head_weight(self, p: int) -> torch.Tensor | None:
+        """[N, D] when `draft_head(p, .)` is a plain bias-free linear map, which lets the
+        training loss fuse the head with the objective in vocabulary chunks; None otherwise."""
+        return None
 
     def draft_logits(self, feats: Features) -> torch.Tensor:  # [B, P, T, V]
         states = self.draft_states(feats)
@@ -134,10 +141,19 @@ class Speculator(nn.Module):
             metrics[f"acc_pos{p}"] = agree.item()
         return total / max(count, 1), metrics
 
+    @property
+    def target_layer_ids(self) -> tuple[int, ...]:
+        """Intermediate target layers this family reads (ids into HF `hidden_states`, 0 being
+        the embedding output). Training gets them as `Features.layers`, inference as the
+        `layers` argument of `start` and `accept`, stacked in this order."""
+        return tuple(getattr(self.config, "target_layers", ()) or ())
+
     # --- inference (batch size 1) -----------------------------------------------------
 
-    def start(self, prompt_ids: torch.Tensor, prompt_hidden: torch.Tensor) -> Any:
-        """prompt_ids [1, T], prompt_hidden [1, T, H] -> a fresh decoding state."""
+    def start(self, prompt_ids: torch.Tensor, prompt_hidden: torch.Tensor,
+              layers: torch.Tensor | None = None) -> Any:
+        """prompt_ids [1, T], prompt_hidden [1, T, H], layers [1, T, L, H] or None
+        -> a fresh decoding state."""
         raise NotImplementedError
 
     def propose(self, state: Any, pending: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -145,9 +161,18 @@ class Speculator(nn.Module):
         over the draft vocabulary: `self.vocab.to_target` maps their argmax to the tokens)."""
         raise NotImplementedError
 
-    def accept(self, state: Any, committed: torch.Tensor, hidden: torch.Tensor) -> None:
-        """committed [1, n+1] = pending + accepted drafts; hidden [1, n+1, H] the target's."""
+    def accept(self, state: Any, committed: torch.Tensor, hidden: torch.Tensor,
+               layers: torch.Tensor | None = None) -> None:
+        """committed [1, n+1] = pending + accepted drafts; hidden [1, n+1, H] the target's;
+        layers [1, n+1, L, H] at those positions when `target_layer_ids` is not empty."""
         raise NotImplementedError
+
+    def extend(self, state: Any, pending: torch.Tensor, paths: torch.Tensor) -> torch.Tensor:
+        """Tree drafting. pending [1, 1]; paths [M, d] target ids drafted after pending (d >= 0,
+        one depth for all rows) -> draft logits [M, N] for the token after each path.
+        Reads `state`, never changes it; row m equals what `propose` would compute after
+        drafting paths[m]."""
+        raise NotImplementedError(f"{type(self).__name__} does not support tree drafting")
 
     def max_draft_len(self) -> int | None:
         """The longest chain this speculator can propose (None: unbounded)."""

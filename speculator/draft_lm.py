@@ -92,7 +92,7 @@ class DraftLM(Speculator):
 
     # --- inference ----------------------------------------------------------------
 
-    def start(self, prompt_ids: torch.Tensor, prompt_hidden: torch.Tensor) -> DraftLMState:
+    def start(self, prompt_ids: torch.Tensor, prompt_hidden: torch.Tensor, layers=None) -> DraftLMState:
         return DraftLMState(cache=DynamicCache(config=self.body.config), unfed=prompt_ids[0].tolist())
 
     @torch.no_grad()
@@ -108,7 +108,7 @@ class DraftLM(Speculator):
             logits.append(step_logits)
         return torch.cat(tokens, 1), torch.stack(logits, 1)  # [1, k], [1, k, N]
 
-    def accept(self, state: DraftLMState, committed: torch.Tensor, hidden: torch.Tensor) -> None:
+    def accept(self, state: DraftLMState, committed: torch.Tensor, hidden: torch.Tensor, layers=None) -> None:
         # The cache now holds ..., pending, d_1..d_{k-1}. Keep pending + the accepted
         # drafts; d_k, when accepted, was never fed and waits in `unfed`.
         n, k = committed.shape[1] - 1, state.drafted

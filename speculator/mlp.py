@@ -89,7 +89,7 @@ class MLPSpeculator(Speculator):
     def max_draft_len(self) -> int:
         return self.config.n_predict
 
-    def start(self, prompt_ids: torch.Tensor, prompt_hidden: torch.Tensor) -> MLPState:
+    def start(self, prompt_ids: torch.Tensor, prompt_hidden: torch.Tensor, layers=None) -> MLPState:
         return MLPState(hidden=prompt_hidden[:, -1])
 
     @torch.no_grad()
@@ -104,5 +104,5 @@ class MLPSpeculator(Speculator):
             logits.append(step_logits)
         return torch.stack(tokens, 1), torch.stack(logits, 1)  # [1, k], [1, k, N]
 
-    def accept(self, state: MLPState, committed: torch.Tensor, hidden: torch.Tensor) -> None:
+    def accept(self, state: MLPState, committed: torch.Tensor, hidden: torch.Tensor, layers=None) -> None:
         state.hidden = hidden[:, -1]

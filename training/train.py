@@ -9,12 +9,12 @@ import lightning as L
 import torch
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
-from lightning.pytorch.loggers import CSVLogger
 
 from speclab.speculator.base import Speculator
 from speclab.speculator.target import FrozenTarget
 
 from .features import FeatureDataset, collate
+from .loggers import build_loggers
 from .losses import objective
 from .module import SpeculatorModule
 
@@ -44,7 +44,7 @@ def fit(speculator: Speculator, target: FrozenTarget, dataset: FeatureDataset, c
     trainer = L.Trainer(
         max_steps=total, max_epochs=cfg.epochs if cfg.max_steps <= 0 else -1,
         accelerator="cuda" if target.device.type == "cuda" else "cpu", devices=1,
-        logger=CSVLogger(run_dir, name="logs", version=""),
+        logger=build_loggers(run_dir),
         callbacks=[history, ModelCheckpoint(dirpath=run_dir / "checkpoints", every_n_train_steps=cfg.checkpoint_every_n_steps,
                                             save_last=True, save_top_k=-1)],
         gradient_clip_val=cfg.grad_clip, log_every_n_steps=cfg.log_every_n_steps,

@@ -40,7 +40,7 @@ class ScriptedSpeculator(Speculator):
         """Whether draft position i (0-based) proposes the target's own token."""
         raise NotImplementedError
 
-    def start(self, prompt_ids: torch.Tensor, prompt_hidden: torch.Tensor) -> ScriptState:
+    def start(self, prompt_ids: torch.Tensor, prompt_hidden: torch.Tensor, layers=None) -> ScriptState:
         assert prompt_hidden.shape[:2] == prompt_ids.shape
         ids = prompt_ids[0].tolist()
         reference = next(r for r in self.config.references if r[: len(ids)] == ids)
@@ -57,7 +57,7 @@ class ScriptedSpeculator(Speculator):
         tokens = torch.tensor([drafts], device=pending.device)  # [1, k]
         return tokens, F.one_hot(tokens, self.target_info.vocab_size).float()  # [1, k], [1, k, V]
 
-    def accept(self, state: ScriptState, committed: torch.Tensor, hidden: torch.Tensor) -> None:
+    def accept(self, state: ScriptState, committed: torch.Tensor, hidden: torch.Tensor, layers=None) -> None:
         n_plus_1 = committed.shape[1]
         assert hidden.shape[:2] == committed.shape
         assert committed[0].tolist() == state.reference[state.position : state.position + n_plus_1]
