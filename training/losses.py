@@ -1,10 +1,14 @@
-"""Distillation objectives over the vocabulary: per-row losses [N] from logits [N, V]."""
+"""Distillation objectives over the vocabulary: per-row losses [N] from logits [N, V], or,
+fused with the heads, from hidden states (speclab.kernels.distill_loss) without the logits."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from speclab.kernels.distill_loss import DistillKind, distill_loss
 from speclab.speculator.base import Objective
 
 
@@ -25,7 +29,28 @@ def ce_on_argmax(draft_logits: torch.Tensor, target_logits: torch.Tensor) -> tor
     return F.cross_entropy(draft_logits.float(), target_logits.argmax(-1), reduction="none")
 
 
-OBJECTIVES: dict[str, Objective] = {"kl": forward_kl, "ce": ce_on_argmax}
+@dataclass(frozen=True)
+class VocabObjective:
+    """An objective over the vocabulary that can also be fused with the heads.
+
+    Called with logits it is the plain objective; `fused` computes the same per-row loss from
+    hidden states and head weights in vocabulary chunks (Triton on CUDA), which
+    `Speculator.loss` uses whenever the family's draft head is a bias-free linear map.
+    """
+
+    kind: DistillKind
+    """"kl": forward KL to the target's distribution; "ce": cross-entropy on its argmax."""
+
+    def __call__(self, draft_logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
+        return (forward_kl if self.kind == "kl" else ce_on_argmax)(draft_logits, target_logits)
+
+    def fused(self, draft_hidden: torch.Tensor, draft_weight: torch.Tensor, target_hidden: torch.Tensor,
+              target_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """[N, D], [V, D], [N, H], [V, H] -> (loss [N], draft argmax [N], target argmax [N])."""
+        return tuple(distill_loss(draft_hidden, draft_weight, target_hidden, target_weight, self.kind))
+
+
+OBJECTIVES: dict[str, Objective] = {"kl": VocabObjective("kl"), "ce": VocabObjective("ce")}
 
 
 def objective(name: str) -> Objective:

@@ -30,3 +30,68 @@ def test_ce_on_argmax_uses_the_targets_greedy_token():
 def test_unknown_objective_lists_valid_ones():
     with pytest.raises(ValueError, match="valid: \\['ce', 'kl'\\]"):
         objective("mse")
+
+
+# --- the fused path (speclab.kernels.distill_loss) inside Speculator.loss ------------------
+
+FUSED_CASES = {
+    "mlp": dict(n_predict=3, inner_dim=24),
+    "mlp-reduced-vocab": dict(n_predict=3, inner_dim=17, tie_weights=False, draft_vocab_size=37),
+    "draft_lm": dict(num_layers=1, hidden_size=24, num_heads=3, intermediate_size=40),
+    "draft_lm-reduced-vocab": dict(num_layers=1, hidden_size=16, num_heads=2, intermediate_size=24,
+                                   draft_vocab_size=37),
+}
+
+
+def _features(target, seed=0):
+    from speclab.speculator.base import Features
+
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(target.vocab_size, (2, 12), generator=g)
+    mask = torch.rand(2, 12, generator=g) < 0.7
+    return Features(input_ids=ids, hidden=target(ids, logits_for="none").hidden.float(), loss_mask=mask)
+
+
+@pytest.mark.parametrize("kind", ["kl", "ce"])
+@pytest.mark.parametrize("case", list(FUSED_CASES))
+def test_fused_loss_matches_the_unfused_path_on_the_tiny_target(target, case, kind):
+    from speclab.speculator.base import TargetInfo, build_speculator
+
+    family = case.split("-")[0]
+    counts = torch.arange(target.vocab_size, 0, -1).float()  # a reduced vocabulary keeps the lowest ids
+    info = TargetInfo.of(target).with_counts(counts)
+    torch.manual_seed(0)
+    spec = build_speculator(family, FUSED_CASES[case], info)
+    feats = _features(target)
+
+    def head(hidden, columns):  # the unfused target head, as training.module.SpeculatorModule's
+        w = target.lm_head_weight if columns is None else target.lm_head_weight[columns]
+        return torch.nn.functional.linear(hidden, w).float()
+
+    fused_calls = []
+    obj = objective(kind)
+    fused = type(obj)(kind)
+    object.__setattr__(fused, "fused", lambda *a: fused_calls.append(1) or obj.fused(*a))
+    results = []
+    for chosen in (fused, lambda d, t: obj(d, t)):  # the lambda has no .fused: today's path
+        spec.zero_grad()
+        loss, metrics = spec.loss(feats, chosen, head)
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in spec.named_parameters() if p.grad is not None}
+        results.append((loss.detach(), metrics, grads))
+    assert fused_calls, "the fused path was not taken"
+    (loss_f, met_f, grad_f), (loss_u, met_u, grad_u) = results
+    # fp32 both ways; the fused path sums the vocabulary in chunks (reordered fp32 sums): 1e-5.
+    torch.testing.assert_close(loss_f, loss_u, rtol=1e-5, atol=1e-6)
+    assert met_f.keys() == met_u.keys() and any(k.startswith("acc_pos") for k in met_f)
+    for key in met_f:
+        assert met_f[key] == pytest.approx(met_u[key], rel=1e-5, abs=1e-6), key
+    assert grad_f.keys() == grad_u.keys()
+    for name in grad_f:
+        torch.testing.assert_close(grad_f[name], grad_u[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_objectives_are_plain_callables_too():
+    d, t = torch.randn(4, 9), torch.randn(4, 9)
+    torch.testing.assert_close(objective("kl")(d, t), forward_kl(d, t))
+    torch.testing.assert_close(objective("ce")(d, t), ce_on_argmax(d, t))
