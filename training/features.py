@@ -5,6 +5,11 @@ The offline cache stores, per example, the target's last hidden state at every t
 head only at the rows a loss needs, which is cheap next to storing [T, V] logits
 (49,152 floats per token for SmolLM2 vs 576). The cache is keyed by the data's
 fingerprint, the target and the dtype, so every run of a sweep shares one.
+
+Families that read intermediate target layers (eagle3) get them from the same store: one
+memmap per layer id, `layer_<id>.npy`, computed on demand in a separate pass over the data
+when a run asks for an id the store lacks, so runs needing different layer sets share the
+base store and never overwrite each other's layers. Each layer adds H values per token.
 """
 
 from __future__ import annotations
@@ -13,8 +18,9 @@ import hashlib
 import json
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -36,25 +42,31 @@ class FeatureStore:
     loss_mask: np.ndarray  # [N] uint8, 1 on assistant tokens
     hidden: np.ndarray  # [N, H] memory-mapped
     dtype: str
+    layers: dict[int, np.ndarray] = field(default_factory=dict)  # id -> [N, H] memory-mapped
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
     @property
     def bytes_per_token(self) -> float:
-        total = sum(f.stat().st_size for f in self.path.iterdir() if f.is_file())
-        return total / max(int(self.offsets[-1]), 1)
+        """Bytes read per training token: the base arrays plus the layers this store opened."""
+        names = [*_BASE_FILES, *(_layer_file(i) for i in self.layers)]
+        return sum((self.path / n).stat().st_size for n in names) / max(int(self.offsets[-1]), 1)
 
-    def example(self, i: int) -> dict[str, torch.Tensor]:
+    def example(self, i: int, layer_ids: Sequence[int] = ()) -> dict[str, torch.Tensor]:
         lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
-        hidden = torch.from_numpy(np.array(self.hidden[lo:hi]))  # copy out of the read-only map
-        if self.dtype == "bf16":
-            hidden = _unpack_bf16(hidden)
-        return {
+        item = {
             "input_ids": torch.from_numpy(self.input_ids[lo:hi].astype(np.int64)),
             "loss_mask": torch.from_numpy(self.loss_mask[lo:hi].astype(bool)),
-            "hidden": hidden.float(),
+            "hidden": self._rows(self.hidden, lo, hi),
         }
+        if layer_ids:
+            item["layers"] = torch.stack([self._rows(self.layers[j], lo, hi) for j in layer_ids], 1)  # [T, L, H]
+        return item
+
+    def _rows(self, array: np.ndarray, lo: int, hi: int) -> torch.Tensor:
+        rows = torch.from_numpy(np.array(array[lo:hi]))  # copy out of the read-only map
+        return (_unpack_bf16(rows) if self.dtype == "bf16" else rows).float()
 
 
 def _pack_bf16(x: torch.Tensor) -> np.ndarray:  # [T, H] -> [T, H/2] float32 words
@@ -71,37 +83,50 @@ def feature_fingerprint(data_fingerprint: str, target: FrozenTarget, dtype: str)
 
 
 def build_feature_store(target: FrozenTarget, examples, data_fingerprint: str, cache_dir: Path,
-                        dtype: str = "fp32", batch_size: int = 8, progress: bool = True) -> FeatureStore:
-    """Run the target teacher-forced over every example once; reuse the cache after."""
+                        dtype: str = "fp32", batch_size: int = 8, progress: bool = True,
+                        layer_ids: Sequence[int] = ()) -> FeatureStore:
+    """Run the target teacher-forced over every example once; reuse the cache after.
+    `layer_ids` (HF hidden_states ids) are added to the store by an extra pass when missing."""
     if dtype not in _NP_DTYPES:
         raise ValueError(f"unknown feature_dtype {dtype!r}; valid: {sorted(_NP_DTYPES)}")
     out = cache_dir / feature_fingerprint(data_fingerprint, target, dtype)
+    store = None
     if (out / COMPLETE_MARKER).is_file():
         try:
-            return open_feature_store(out)
+            store = open_feature_store(out)
         except Exception:  # a damaged cache is rebuilt, never trusted
             shutil.rmtree(out, ignore_errors=True)
-    _write_feature_store(target, examples, out, dtype, batch_size, progress)
-    return open_feature_store(out)
+    if store is None:
+        _write_feature_store(target, examples, out, dtype, batch_size, progress)
+        store = open_feature_store(out)
+    missing = sorted({i for i in layer_ids if not _layer_ok(store, i)})
+    if missing:
+        _write_layers(target, store, missing, batch_size, progress)
+    return open_feature_store(out, layer_ids)
 
 
-def _write_feature_store(target, examples, out: Path, dtype: str, batch_size: int, progress: bool) -> None:
-    ids = [list(e["input_ids"]) for e in examples]
-    masks = [list(e["loss_mask"]) for e in examples]
+_BASE_FILES = ("offsets.npy", "input_ids.npy", "loss_mask.npy", "hidden.npy", COMPLETE_MARKER)
+
+
+def _layer_file(i: int) -> str:
+    return f"layer_{i}.npy"
+
+
+def _layer_ok(store: FeatureStore, i: int) -> bool:
+    try:
+        return np.load(store.path / _layer_file(i), mmap_mode="r").shape == store.hidden.shape
+    except Exception:  # absent or damaged: recompute
+        return False
+
+
+def _target_passes(target: FrozenTarget, ids: list[list[int]], batch_size: int, progress: bool,
+                   layer_ids: Sequence[int] = ()):
+    """Teacher-forced target passes over every example: yields (example index, the batch's
+    TargetOutput, its row, the example's length)."""
     lengths = np.array([len(x) for x in ids], dtype=np.int64)
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
-    width = target.hidden_size // 2 if dtype == "bf16" else target.hidden_size
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    np.save(tmp / "offsets.npy", offsets)
-    np.save(tmp / "input_ids.npy", np.concatenate([np.asarray(x, dtype=np.int32) for x in ids]))
-    np.save(tmp / "loss_mask.npy", np.concatenate([np.asarray(m, dtype=np.uint8) for m in masks]))
-    hidden = np.lib.format.open_memmap(tmp / "hidden.npy", mode="w+", dtype=_NP_DTYPES[dtype],
-                                       shape=(int(offsets[-1]), width))
     # Longest first, batched by similar length: little padding, and an early OOM if any.
     order = np.argsort(-lengths, kind="stable")
-    bar = tqdm(total=int(offsets[-1]), desc="target features", unit="tok", disable=not progress)
+    bar = tqdm(total=int(lengths.sum()), desc="target features", unit="tok", disable=not progress)
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
         T = int(lengths[chunk].max())
@@ -110,12 +135,36 @@ def _write_feature_store(target, examples, out: Path, dtype: str, batch_size: in
             batch[row, : lengths[i]] = torch.tensor(ids[i])
         # Right padding needs no attention mask: causal attention never lets a real
         # token see the pads that follow it.
-        h = target(batch.to(target.device), logits_for="none").hidden.float().cpu()  # [b, T, H]
+        out = target(batch.to(target.device), layer_ids=layer_ids, logits_for="none")
         for row, i in enumerate(chunk):
-            rows = h[row, : lengths[i]]
-            hidden[offsets[i] : offsets[i + 1]] = _pack_bf16(rows) if dtype == "bf16" else rows.numpy()
+            yield i, out, row, int(lengths[i])
         bar.update(int(lengths[chunk].sum()))
     bar.close()
+
+
+def _store_rows(array: np.ndarray, lo: int, rows: torch.Tensor, dtype: str) -> None:
+    rows = rows.float().cpu()
+    array[lo : lo + len(rows)] = _pack_bf16(rows) if dtype == "bf16" else rows.numpy()
+
+
+def _new_memmap(path: Path, target: FrozenTarget, tokens: int, dtype: str) -> np.ndarray:
+    width = target.hidden_size // 2 if dtype == "bf16" else target.hidden_size
+    return np.lib.format.open_memmap(path, mode="w+", dtype=_NP_DTYPES[dtype], shape=(tokens, width))
+
+
+def _write_feature_store(target, examples, out: Path, dtype: str, batch_size: int, progress: bool) -> None:
+    ids = [list(e["input_ids"]) for e in examples]
+    masks = [list(e["loss_mask"]) for e in examples]
+    offsets = np.concatenate([[0], np.cumsum([len(x) for x in ids])]).astype(np.int64)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    np.save(tmp / "offsets.npy", offsets)
+    np.save(tmp / "input_ids.npy", np.concatenate([np.asarray(x, dtype=np.int32) for x in ids]))
+    np.save(tmp / "loss_mask.npy", np.concatenate([np.asarray(m, dtype=np.uint8) for m in masks]))
+    hidden = _new_memmap(tmp / "hidden.npy", target, int(offsets[-1]), dtype)
+    for i, batch_out, row, n in _target_passes(target, ids, batch_size, progress):
+        _store_rows(hidden, int(offsets[i]), batch_out.hidden[row, :n], dtype)
     hidden.flush()
     del hidden
     (tmp / COMPLETE_MARKER).write_text(json.dumps({"dtype": dtype, "tokens": int(offsets[-1])}))
@@ -123,7 +172,25 @@ def _write_feature_store(target, examples, out: Path, dtype: str, batch_size: in
     os.replace(tmp, out)
 
 
-def open_feature_store(path: Path) -> FeatureStore:
+def _write_layers(target: FrozenTarget, store: FeatureStore, layer_ids: list[int], batch_size: int,
+                  progress: bool) -> None:
+    """One extra pass adding `layer_<id>.npy` per id. Each file appears atomically (written
+    under a per-process name, then renamed), so concurrent runs at worst compute one twice."""
+    if min(layer_ids) < 0 or max(layer_ids) > target.num_layers:
+        raise ValueError(f"target layer ids {layer_ids} outside 0..{target.num_layers} (0 = embeddings)")
+    ids = [store.input_ids[store.offsets[e] : store.offsets[e + 1]].tolist() for e in range(len(store))]
+    tag = f".tmp{os.getpid()}"
+    arrays = {j: _new_memmap(store.path / (_layer_file(j) + tag), target, len(store.input_ids), store.dtype)
+              for j in layer_ids}
+    for i, batch_out, row, n in _target_passes(target, ids, batch_size, progress, layer_ids):
+        for j, array in arrays.items():
+            _store_rows(array, int(store.offsets[i]), batch_out.layers[j][row, :n], store.dtype)
+    for j in layer_ids:
+        arrays.pop(j).flush()
+        os.replace(store.path / (_layer_file(j) + tag), store.path / _layer_file(j))
+
+
+def open_feature_store(path: Path, layer_ids: Sequence[int] = ()) -> FeatureStore:
     meta = json.loads((path / COMPLETE_MARKER).read_text())
     store = FeatureStore(
         path=path,
@@ -132,9 +199,12 @@ def open_feature_store(path: Path) -> FeatureStore:
         loss_mask=np.load(path / "loss_mask.npy"),
         hidden=np.load(path / "hidden.npy", mmap_mode="r"),
         dtype=meta["dtype"],
+        layers={i: np.load(path / _layer_file(i), mmap_mode="r") for i in layer_ids},
     )
     if store.hidden.shape[0] != int(store.offsets[-1]) or len(store.input_ids) != int(store.offsets[-1]):
         raise ValueError(f"feature cache {path} is inconsistent")
+    if any(a.shape != store.hidden.shape for a in store.layers.values()):
+        raise ValueError(f"feature cache {path}: a layer file does not match hidden.npy")
     return store
 
 
@@ -151,15 +221,15 @@ def assistant_token_counts(examples, vocab_size: int) -> torch.Tensor:  # [V] in
 class FeatureDataset(torch.utils.data.Dataset):
     """Examples of a FeatureStore (offline), or token-only examples (online)."""
 
-    def __init__(self, store: FeatureStore | None = None, examples=None):
-        self.store, self.examples = store, examples
+    def __init__(self, store: FeatureStore | None = None, examples=None, layer_ids: Sequence[int] = ()):
+        self.store, self.examples, self.layer_ids = store, examples, tuple(layer_ids)
 
     def __len__(self) -> int:
         return len(self.store) if self.store is not None else len(self.examples)
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         if self.store is not None:
-            return self.store.example(i)
+            return self.store.example(i, self.layer_ids)
         e = self.examples[i]
         return {"input_ids": torch.tensor(e["input_ids"]), "loss_mask": torch.tensor(e["loss_mask"], dtype=torch.bool)}
 
@@ -169,8 +239,9 @@ def collate(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     T = max(len(x["input_ids"]) for x in items)
     out = {"input_ids": torch.zeros(len(items), T, dtype=torch.long),
            "loss_mask": torch.zeros(len(items), T, dtype=torch.bool)}
-    if "hidden" in items[0]:
-        out["hidden"] = torch.zeros(len(items), T, items[0]["hidden"].shape[-1])
+    for key in ("hidden", "layers"):  # [T, H] and [T, L, H] per example
+        if key in items[0]:
+            out[key] = torch.zeros(len(items), T, *items[0][key].shape[1:])
     for row, x in enumerate(items):
         n = len(x["input_ids"])
         for key in out:
@@ -178,13 +249,20 @@ def collate(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     return out
 
 
-def to_features(batch: dict[str, torch.Tensor], target: FrozenTarget | None = None) -> Features:
-    """A collated batch -> Features; computes the target's hidden states when online."""
+def to_features(batch: dict[str, torch.Tensor], target: FrozenTarget | None = None,
+                layer_ids: Sequence[int] = ()) -> Features:
+    """A collated batch -> Features; computes the target's hidden states (and the layers
+    `layer_ids`, HF hidden_states ids) when online."""
     ids = batch["input_ids"]
-    hidden = batch.get("hidden")
-    if hidden is None:
-        hidden = target(ids.to(target.device), logits_for="none").hidden.float()
+    hidden, layers = batch.get("hidden"), batch.get("layers")
+    if hidden is None or (layer_ids and layers is None):
+        if target is None:
+            raise ValueError(f"the batch lacks target features (hidden, layers {tuple(layer_ids)}) "
+                             "and no target was given to compute them")
+        out = target(ids.to(target.device), layer_ids=layer_ids, logits_for="none")
+        hidden = out.hidden.float()
+        layers = torch.stack([out.layers[i] for i in layer_ids], 2).float() if layer_ids else None
     # Features.loss_mask[t] asks "is token t+1 worth predicting": shift the token mask left.
     next_is_assistant = torch.zeros_like(batch["loss_mask"])
     next_is_assistant[:, :-1] = batch["loss_mask"][:, 1:]
-    return Features(input_ids=ids, hidden=hidden, loss_mask=next_is_assistant)
+    return Features(input_ids=ids, hidden=hidden, loss_mask=next_is_assistant, layers=layers)

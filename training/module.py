@@ -27,6 +27,9 @@ class SpeculatorModule(L.LightningModule):
         self.make_optimizer = optimizer
         self.warmup_steps, self.total_steps = warmup_steps, total_steps
         self._head_rows = None  # (columns, the LM head's rows there), reused across steps
+        self.lr_scale = 1.0  # the watchdog's LR backoff after repeated spikes (1.0: none)
+        self.loss_fault = None  # an injected fault's loss transform (faults.py), else None
+        self.last_loss: torch.Tensor | None = None  # the micro-batch's loss, for the run's loop
 
     def target_logits(self, hidden: torch.Tensor, columns: torch.Tensor | None) -> torch.Tensor:
         """[N, H] -> the target's logits [N, V], or only at `columns` [N, len(columns)]."""
@@ -38,8 +41,11 @@ class SpeculatorModule(L.LightningModule):
         return F.linear(hidden.to(head.dtype), head).float()
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        feats = to_features(batch, self._target[0] if self.online else None)
+        feats = to_features(batch, self._target[0] if self.online else None, self.speculator.target_layer_ids)
         loss, metrics = self.speculator.loss(feats, self.objective, self.target_logits)
+        if self.loss_fault is not None:
+            loss = self.loss_fault(loss)
+        self.last_loss = loss.detach()
         self.log("train/loss", loss, prog_bar=True)
         self.log_dict({f"train/{k}": v for k, v in metrics.items()})
         self.log("train/tokens", float(feats.loss_mask.sum()), reduce_fx="sum")
@@ -51,8 +57,8 @@ class SpeculatorModule(L.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def _lr_factor(self, step: int) -> float:
-        """Linear warm-up, then cosine decay to 10% of the peak by the last step."""
+        """Linear warm-up, then cosine decay to 10% of the peak by the last step (times `lr_scale`)."""
         if step < self.warmup_steps:
-            return (step + 1) / self.warmup_steps
+            return self.lr_scale * (step + 1) / self.warmup_steps
         progress = min(1.0, (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps))
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+        return self.lr_scale * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))

@@ -1,4 +1,12 @@
-"""Train one speculator with Lightning on cached (or online) target features."""
+"""Train one speculator with Lightning, resumable exactly, watched for loss spikes.
+
+`fit` trains to the step budget starting from the run's newest complete checkpoint (a
+fresh run saves the initial state as step 0). A watchdog trip rolls back inside this
+process and goes on; any other error propagates, and the supervisor (supervisor.py),
+which runs `fit` in a child process, decides whether to restart. Lightning stays a thin
+adapter: it runs the steps; data order, checkpoints and resumption are ours
+(sampler.py, checkpoint.py, progress.py).
+"""
 
 from __future__ import annotations
 
@@ -6,52 +14,100 @@ import time
 from pathlib import Path
 
 import lightning as L
-import torch
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from omegaconf import OmegaConf
 
 from speclab.speculator.base import Speculator
 from speclab.speculator.target import FrozenTarget
 
+from .checkpoint import CheckpointConfig, CheckpointStore
+from .faults import FaultConfig, FaultInjector, fired
 from .features import FeatureDataset, collate
 from .loggers import build_loggers
 from .losses import objective
 from .module import SpeculatorModule
+from .progress import LoopState, Progress
+from .sampler import positioned_loader
+from .supervisor import CHECKPOINTS, Heartbeat
+from .watchdog import WATCHDOG_FILE, Ledger, Watchdog, WatchdogConfig, WatchdogTripped
 
 
-class LossHistory(Callback):
-    """Keeps the per-step loss and the number of loss tokens seen."""
-
-    def __init__(self):
-        self.losses: list[float] = []
-        self.tokens = 0
-
-    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        self.losses.append(float(outputs["loss"]))
-        self.tokens += int(batch["loss_mask"].sum())
+def total_steps(cfg, num_samples: int) -> int:
+    """The run's optimiser-step budget: max_steps, else epochs of ceil(batches / accumulation)."""
+    if cfg.max_steps > 0:
+        return cfg.max_steps
+    batches = -(-num_samples // cfg.batch_size)
+    return cfg.epochs * -(-batches // cfg.accumulate_grad_batches)
 
 
 def fit(speculator: Speculator, target: FrozenTarget, dataset: FeatureDataset, cfg, run_dir: Path,
-        seed: int, progress: bool = True) -> dict:
-    """Returns the `train` block of result.json."""
-    generator = torch.Generator().manual_seed(seed)
-    loader = torch.utils.data.DataLoader(dataset, batch_size=cfg.batch_size, shuffle=True,
-                                         generator=generator, collate_fn=collate)
-    total = cfg.max_steps if cfg.max_steps > 0 else cfg.epochs * len(loader)
+        seed: int, faults=None, config: dict | None = None, progress: bool = True) -> dict:
+    """Returns the `train` block of result.json (the supervisor adds `restarts`)."""
+    run_dir, start = Path(run_dir), time.time()
+    store = CheckpointStore(run_dir / CHECKPOINTS, CheckpointConfig.from_training(cfg))
+    store.clean_partial()
+    watchdog = Watchdog(WatchdogConfig(**_plain(cfg.watchdog)), run_dir / WATCHDOG_FILE)
+    injector = FaultInjector(FaultConfig(**_plain(faults or {})), run_dir, store.root, cfg.accumulate_grad_batches)
+    total = total_steps(cfg, len(dataset))
     module = SpeculatorModule(speculator, target, objective(cfg.objective), instantiate(cfg.optimizer),
                               cfg.warmup_steps, total, online=cfg.features == "online")
-    history = LossHistory()
-    trainer = L.Trainer(
-        max_steps=total, max_epochs=cfg.epochs if cfg.max_steps <= 0 else -1,
-        accelerator="cuda" if target.device.type == "cuda" else "cpu", devices=1,
-        logger=build_loggers(run_dir),
-        callbacks=[history, ModelCheckpoint(dirpath=run_dir / "checkpoints", every_n_train_steps=cfg.checkpoint_every_n_steps,
-                                            save_last=True, save_top_k=-1)],
-        gradient_clip_val=cfg.grad_clip, log_every_n_steps=cfg.log_every_n_steps,
-        enable_progress_bar=progress, enable_model_summary=False, num_sanity_val_steps=0,
+    heartbeat = Heartbeat(run_dir)
+    while True:
+        resume = store.load_latest()
+        state = restore(resume, module, watchdog, len(dataset), run_dir)
+        injector.begin_segment(state)
+        loop = Progress(state, store, watchdog, cfg.checkpoint_every_n_steps, total, heartbeat, resume, config)
+        try:
+            if state.step < total:
+                trainer = build_trainer(cfg, total - state.step, [injector, loop, watchdog], target, run_dir, config, progress)
+                trainer.fit(module, positioned_loader(dataset, cfg.batch_size, seed, state.position, collate))
+            break
+        except WatchdogTripped as exc:
+            roll_back(exc.trip, store, watchdog, loop.started_position)
+    return {"steps": state.step, "tokens": state.tokens, "wall_s": time.time() - start,
+            "final_loss": state.losses[-1] if state.losses else None, "loss_history": state.losses,
+            "rollbacks": len(watchdog.ledger.rollbacks), "rollback_log": watchdog.ledger.rollbacks,
+            "lr_scale": watchdog.ledger.lr_scale, "faults": fired(run_dir),
+            "samples": {"consumed_min": int(state.consumed.min()), "consumed_max": int(state.consumed.max()),
+                        "order_sha256": state.order_digest}}
+
+
+def restore(resume: dict | None, module: SpeculatorModule, watchdog: Watchdog, num_samples: int,
+            run_dir: Path) -> LoopState:
+    """Model weights and loop state from a checkpoint (optimizer, scheduler, RNG: in Progress)."""
+    if resume is None:
+        state = LoopState(num_samples)
+    else:
+        state = LoopState.from_state(resume["loop"])
+        module.speculator.load_state_dict(resume["model"])
+        watchdog.detector.load_state_dict(state.detector)
+        if not (run_dir / WATCHDOG_FILE).is_file():  # the run-level ledger is newer when present
+            watchdog.ledger = Ledger.from_json(resume["loop"]["ledger"])
+    watchdog.step = state.step
+    module.lr_scale = watchdog.ledger.lr_scale
+    state.position.skips = watchdog.ledger.skips
+    return state
+
+
+def roll_back(trip, store: CheckpointStore, watchdog: Watchdog, trip_position: dict) -> None:
+    """Back to the newest checkpoint before the spike's onset; its data window is skipped."""
+    target = store.load_latest(before=trip.onset)
+    if target is None:
+        raise RuntimeError(f"watchdog tripped ({trip.reason}) but no complete checkpoint precedes step {trip.onset}")
+    watchdog.roll_back(trip, target["step"], target["loop"]["position"], trip_position)  # may raise: budget
+    store.drop_after(target["step"])
+
+
+def build_trainer(cfg, steps: int, callbacks: list, target: FrozenTarget, run_dir: Path, config, progress: bool) -> L.Trainer:
+    return L.Trainer(
+        max_steps=steps, max_epochs=-1, accelerator="cuda" if target.device.type == "cuda" else "cpu",
+        devices=cfg.get("devices", 1), strategy=cfg.get("strategy", "auto"),  # DDP across GPUs within a run
+        logger=build_loggers(run_dir, config), callbacks=callbacks, enable_checkpointing=False,
+        accumulate_grad_batches=cfg.accumulate_grad_batches, gradient_clip_val=cfg.grad_clip,
+        log_every_n_steps=cfg.log_every_n_steps, enable_progress_bar=progress, enable_model_summary=False,
+        num_sanity_val_steps=0,
     )
-    start = time.time()
-    trainer.fit(module, loader)
-    return {"steps": trainer.global_step, "tokens": history.tokens, "wall_s": time.time() - start,
-            "final_loss": history.losses[-1] if history.losses else None,
-            "loss_history": history.losses, "restarts": 0, "rollbacks": 0}
+
+
+def _plain(node) -> dict:
+    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node)

@@ -63,3 +63,54 @@ def test_online_features_equal_offline(target, tmp_path):
     online = to_features(collate([FeatureDataset(examples=data)[i] for i in range(3)]), target)
     mask = offline.loss_mask
     torch.testing.assert_close(online.hidden[mask], offline.hidden[mask], rtol=1e-5, atol=1e-5)
+
+
+def test_intermediate_layers_are_cached_per_id_and_added_on_demand(target, tmp_path, monkeypatch):
+    """Layers a run asks for are added by an extra pass; other ids and the base stay untouched."""
+    import speclab.training.features as features
+
+    data = examples(4)
+    base = build_feature_store(target, data, "fp", tmp_path, batch_size=3, progress=False)
+    base_bytes = base.bytes_per_token
+
+    def boom(*a, **k):
+        raise AssertionError("the base store should have been reused")
+
+    monkeypatch.setattr(features, "_write_feature_store", boom)
+    first = build_feature_store(target, data, "fp", tmp_path, batch_size=3, progress=False, layer_ids=(0, 2))
+    hidden_file = (first.path / "hidden.npy").stat().st_mtime_ns
+    second = build_feature_store(target, data, "fp", tmp_path, batch_size=3, progress=False, layer_ids=(1, 2))
+    assert (second.path / "hidden.npy").stat().st_mtime_ns == hidden_file
+    for store, ids in ((first, (0, 2)), (second, (1, 2))):
+        assert store.path == base.path and tuple(store.layers) == ids
+        for i, e in enumerate(data):
+            fresh = target(torch.tensor([e["input_ids"]]), layer_ids=ids, logits_for="none")
+            got = store.example(i, ids)["layers"]  # [T, L, H]
+            assert got.shape == (len(e["input_ids"]), len(ids), target.hidden_size)
+            for col, j in enumerate(ids):
+                # batched-with-padding vs alone reorders sums; the residual stream of this
+                # large-weight target reaches ~200, so the bound is 1e-5 of the layer's scale
+                # (as in test_targets.py), far below a wrong layer or position (O(1)).
+                expected = fresh.layers[j][0]
+                torch.testing.assert_close(got[:, col], expected, rtol=0, atol=1e-5 * expected.abs().max().item())
+    # each layer adds H fp32 values per token, plus its .npy header (<= 256 bytes) over the tokens
+    tokens = int(second.offsets[-1])
+    assert second.bytes_per_token == pytest.approx(base_bytes + 2 * 4 * target.hidden_size, abs=2 * 256 / tokens)
+    with pytest.raises(ValueError, match="outside 0..2"):
+        build_feature_store(target, data, "fp", tmp_path, progress=False, layer_ids=(3,))
+
+
+def test_layers_collate_and_online_equal_offline(target, tmp_path):
+    data = examples(3)
+    ids = (1, 2)
+    store = build_feature_store(target, data, "fp", tmp_path, progress=False, layer_ids=ids)
+    batch = collate([FeatureDataset(store=store, layer_ids=ids)[i] for i in range(3)])
+    assert batch["layers"].shape == (3, 12, 2, target.hidden_size)
+    assert not batch["layers"][0, 6:].any()  # pads of the shortest example
+    offline = to_features(batch, layer_ids=ids)
+    online = to_features(collate([FeatureDataset(examples=data)[i] for i in range(3)]), target, ids)
+    mask = offline.loss_mask
+    expected = offline.layers[mask]
+    torch.testing.assert_close(online.layers[mask], expected, rtol=0, atol=1e-5 * expected.abs().max().item())
+    with pytest.raises(ValueError, match="lacks target features"):
+        to_features(collate([FeatureDataset(store=store)[i] for i in range(3)]), None, ids)
