@@ -77,6 +77,9 @@ class Speculator(nn.Module):
     family: ClassVar[str]
     Config: ClassVar[type]
     shift: ClassVar[int]
+    # TargetInfo tensors the family reads at inference but never saves (the target's own,
+    # frozen): load_speculator hands it the live target's.
+    target_tensors: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, config, target: TargetInfo):
         super().__init__()
@@ -113,13 +116,24 @@ class Speculator(nn.Module):
         vocabulary's columns; with a reduced vocabulary the KL is to the target's
         distribution renormalised over it, and rows whose next token lies outside it are
         not trained (the draft could never propose that token).
+
+        Fused path: when the objective has `fused(draft_hidden, draft_weight, target_hidden,
+        target_weight) -> (loss [N], draft argmax [N], target argmax [N])`, the family's head
+        is linear (`draft_head_weight`) and the target's LM head is known, head and objective
+        run in vocabulary chunks and no [N, V] logits are built; the result is the same.
         """
-        states = self.draft_states(feats)  # [B, P, T, D]
+        return self.token_loss(self.draft_states(feats), feats, objective, target_head)
+
+    def token_loss(self, states: torch.Tensor, feats: Features, objective: Objective,
+                   target_head: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        """`loss` on already computed `draft_states` [B, P, T, D] (families adding terms reuse it)."""
         T = states.shape[2]
         next_ids = torch.zeros_like(feats.input_ids)
         next_ids[:, :-1] = feats.input_ids[:, 1:]
         trainable = feats.loss_mask & self.vocab.contains(next_ids)  # [B, T]
         columns = None if self.vocab.full else self.vocab.ids
+        fused, head = getattr(objective, "fused", None), self.target_info.lm_head_weight
+        target_rows = None if head is None or columns is None else head[columns.to(head.device)]  # [N', H]
         total, count, metrics = states.new_zeros(()), 0, {}
         for p in range(states.shape[1]):
             lo = self.shift + p  # draft (p, t) guesses the target at position t + lo
@@ -129,14 +143,20 @@ class Speculator(nn.Module):
             mask = trainable[:, lo:]  # [B, span]
             if not mask.any():
                 continue
-            draft = self.draft_head(p, states[:, p, :span][mask])  # [N, V]
-            with torch.no_grad():
-                target = target_head(feats.hidden[:, lo:][mask], columns)  # [N, V']
-            per_row = objective(draft, target)  # [N]
+            weight = self.draft_head_weight(p)  # [V', D] or None
+            if fused is not None and weight is not None and head is not None:
+                per_row, draft_arg, target_arg = fused(
+                    states[:, p, :span][mask], weight, feats.hidden[:, lo:][mask],
+                    head if target_rows is None else target_rows)  # [N] each
+            else:
+                draft = self.draft_head(p, states[:, p, :span][mask])  # [N, V]
+                with torch.no_grad():
+                    target = target_head(feats.hidden[:, lo:][mask], columns)  # [N, V']
+                per_row, draft_arg, target_arg = objective(draft, target), draft.argmax(-1), target.argmax(-1)
             total = total + per_row.sum()
             count += per_row.numel()
             with torch.no_grad():
-                agree = (draft.argmax(-1) == target.argmax(-1)).float().mean()
+                agree = (draft_arg == target_arg).float().mean()
             metrics[f"loss_pos{p}"] = per_row.detach().mean().item()
             metrics[f"acc_pos{p}"] = agree.item()
         return total / max(count, 1), metrics
@@ -146,7 +166,12 @@ class Speculator(nn.Module):
         """Intermediate target layers this family reads (ids into HF `hidden_states`, 0 being
         the embedding output). Training gets them as `Features.layers`, inference as the
         `layers` argument of `start` and `accept`, stacked in this order."""
-        return tuple(getattr(self.config, "target_layers", ()) or ())
+        return self.layer_ids_for(self.config, self.target_info.num_layers)
+
+    @classmethod
+    def layer_ids_for(cls, config, num_layers: int) -> tuple[int, ...]:
+        """`target_layer_ids` from a config alone (features are cached before any speculator exists)."""
+        return tuple(getattr(config, "target_layers", ()) or ())
 
     # --- inference (batch size 1) -----------------------------------------------------
 
@@ -238,6 +263,11 @@ def load_speculator(path: str | Path, target: TargetInfo | None = None) -> Specu
         raise ValueError(f"{path} was trained for target {saved.name} "
                          f"(vocab {saved.vocab_size}, hidden {saved.hidden_size}), not {target.name}")
     # Built from the saved description (no embedding): the weights overwrite any init.
+    needs = speculator_class(meta["family"]).target_tensors
+    if needs and target is None:
+        raise ValueError(f"{path}: a {meta['family']} speculator drafts through its target's frozen "
+                         f"{', '.join(needs)}; pass the live target: load_speculator(path, TargetInfo.of(target))")
+    saved = dataclasses.replace(saved, **{name: getattr(target, name) for name in needs})
     model = build_speculator(meta["family"], meta["config"], saved)
     try:
         load_model(model, str(weights), device=str(target_device(target)))

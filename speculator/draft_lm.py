@@ -90,6 +90,9 @@ class DraftLM(Speculator):
     def draft_head(self, p: int, states: torch.Tensor) -> torch.Tensor:
         return self.head(states)
 
+    def draft_head_weight(self, p: int) -> torch.Tensor:  # [N, d]: the head is a bias-free Linear
+        return self.head.weight
+
     # --- inference ----------------------------------------------------------------
 
     def start(self, prompt_ids: torch.Tensor, prompt_hidden: torch.Tensor, layers=None) -> DraftLMState:
@@ -108,12 +111,35 @@ class DraftLM(Speculator):
             logits.append(step_logits)
         return torch.cat(tokens, 1), torch.stack(logits, 1)  # [1, k], [1, k, N]
 
+    @torch.no_grad()
+    def extend(self, state: DraftLMState, pending: torch.Tensor, paths: torch.Tensor) -> torch.Tensor:
+        """paths [M, d] -> logits [M, N] after [pending, paths[m]], all M rows in one batch.
+
+        Only caching changes: committed tokens still waiting in `unfed` are fed first (the
+        logical state is the same), then the rows run on a batch-M copy of the cache."""
+        if state.unfed:
+            self.body(input_ids=torch.tensor([state.unfed], dtype=torch.long, device=pending.device),
+                      cache=state.cache, use_cache=True)
+            state.unfed = []
+        M = paths.shape[0]
+        rows = DynamicCache(config=self.body.config)
+        for i, layer in enumerate(state.cache.layers):
+            if layer.is_initialized:  # [1, heads, S, D] -> [M, heads, S, D]
+                rows.update(layer.keys.expand(M, -1, -1, -1), layer.values.expand(M, -1, -1, -1), i)
+        feed = torch.cat([pending.expand(M, 1), paths], dim=1)  # [M, d + 1]
+        hidden = self.body(input_ids=feed, cache=rows, use_cache=True).last_hidden_state  # [M, d + 1, D]
+        return self.head(hidden[:, -1])  # [M, N]
+
     def accept(self, state: DraftLMState, committed: torch.Tensor, hidden: torch.Tensor, layers=None) -> None:
         # The cache now holds ..., pending, d_1..d_{k-1}. Keep pending + the accepted
         # drafts; d_k, when accepted, was never fed and waits in `unfed`.
         n, k = committed.shape[1] - 1, state.drafted
+        if k == 0:  # no `propose` since the last accept (tree drafting): nothing of this step is cached
+            state.unfed += committed[0].tolist()
+            return
         drop = (k - 1) - min(n, k - 1)
         if drop > 0:
             state.cache.crop(-drop)
         if n == k:
             state.unfed = [int(committed[0, -1])]
+        state.drafted = 0

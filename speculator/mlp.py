@@ -73,6 +73,9 @@ class MLPSpeculator(Speculator):
     def draft_head(self, p: int, states: torch.Tensor) -> torch.Tensor:
         return self._pick(self.head, p)(states)
 
+    def draft_head_weight(self, p: int) -> torch.Tensor:  # [N, d]: the head is a bias-free Linear
+        return self._pick(self.head, p).weight
+
     def draft_states(self, feats: Features) -> torch.Tensor:  # [B, P, T, d]
         ids, state = feats.input_ids, feats.hidden.float()  # [B, T], [B, T, H]
         B, T = ids.shape
@@ -103,6 +106,17 @@ class MLPSpeculator(Speculator):
             tokens.append(token)
             logits.append(step_logits)
         return torch.stack(tokens, 1), torch.stack(logits, 1)  # [1, k], [1, k, N]
+
+    @torch.no_grad()
+    def extend(self, state: MLPState, pending: torch.Tensor, paths: torch.Tensor) -> torch.Tensor:
+        """paths [M, d] -> logits [M, N]: stages 0..d over [pending, paths[m]], as `propose` runs them."""
+        M, d = paths.shape
+        assert d < self.config.n_predict, f"mlp speculator drafts at most {self.config.n_predict}"
+        s, token = state.hidden.float().expand(M, -1), pending[:, 0].expand(M)  # [M, H], [M]
+        for i in range(d + 1):
+            s = self._stage(i, s, token)  # [M, d_inner]
+            token = paths[:, i] if i < d else token
+        return self.draft_head(d, s)  # [M, N]
 
     def accept(self, state: MLPState, committed: torch.Tensor, hidden: torch.Tensor, layers=None) -> None:
         state.hidden = hidden[:, -1]

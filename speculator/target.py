@@ -70,11 +70,16 @@ class FrozenTarget(nn.Module):
         cache: DynamicCache | None = None,
         layer_ids: Sequence[int] = (),
         logits_for: Literal["all", "last", "none"] = "all",
-        attention_mask: torch.Tensor | None = None,  # [B, past + T], 1 = real token
+        attention_mask: torch.Tensor | None = None,  # [B, past + T], 1 = real token; or [B, 1, T, past + T]
+        position_ids: torch.Tensor | None = None,  # [B, T]; default past .. past + T - 1
     ) -> TargetOutput:
+        """A 4-D attention_mask is used as given (transformers' custom-mask path): an additive
+        float mask in the model's dtype, 0 where a query may attend and dtype-min elsewhere;
+        with explicit position_ids this verifies a token tree in one pass (see `tree_mask`)."""
         out = self.model.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
+            position_ids=position_ids,
             cache=cache,
             use_cache=cache is not None,
             output_hidden_states=bool(layer_ids),
@@ -89,6 +94,26 @@ class FrozenTarget(nn.Module):
         else:
             logits = self.model.lm_head(hidden)
         return TargetOutput(logits=logits, hidden=hidden, layers=layers)
+
+    def tree_mask(self, allowed: torch.Tensor, past: int) -> torch.Tensor:
+        """allowed [T, T] bool (query i may see new token j) -> additive mask [1, 1, T, past + T]
+        in the model's dtype: every query also sees the whole cached prefix."""
+        T = allowed.shape[0]
+        see = torch.cat([allowed.new_ones(T, past), allowed], dim=1)  # [T, past + T]
+        mask = torch.zeros(T, past + T, dtype=self.dtype, device=self.device)
+        mask.masked_fill_(~see.to(self.device), torch.finfo(self.dtype).min)
+        return mask[None, None]
+
+    @staticmethod
+    def keep(cache: DynamicCache, start: int, indices: torch.Tensor) -> None:
+        """Keep the cached prefix [0, start) and, after it, only the positions start + indices
+        (indices [n] ascending long, relative to start): a verified tree's accepted path."""
+        for layer in cache.layers:
+            if not layer.is_initialized:
+                continue
+            picked = (start + indices).to(layer.keys.device)
+            layer.keys = torch.cat([layer.keys[..., :start, :], layer.keys.index_select(-2, picked)], dim=-2)
+            layer.values = torch.cat([layer.values[..., :start, :], layer.values.index_select(-2, picked)], dim=-2)
 
     @staticmethod
     def rollback(cache: DynamicCache, n: int) -> None:

@@ -19,13 +19,33 @@ SMALL = {
     "draft_lm": [dict(num_layers=2, hidden_size=24, num_heads=3, intermediate_size=40, init_from_target=True),
                  dict(num_layers=1, hidden_size=16, num_heads=2, intermediate_size=24, init_from_target=True,
                       draft_vocab_size=19)],
+    # odd widths, heads not dividing the target's, grouped KV heads, tied and untied outputs
+    "medusa": [dict(num_heads=3, num_blocks=1, hidden_size=0),
+               dict(num_heads=4, num_blocks=2, hidden_size=17, output="shared", draft_vocab_size=19)],
+    "hydra": [dict(num_heads=3, hidden_size=24, num_blocks=1),
+              dict(num_heads=4, hidden_size=17, num_blocks=2, output="shared", draft_vocab_size=19)],
+    "eagle": [dict(num_layers=1, hidden_size=24, num_heads=4, num_kv_heads=2, intermediate_size=40, unroll_steps=3),
+              dict(num_layers=2, hidden_size=18, num_heads=3, num_kv_heads=1, intermediate_size=23, unroll_steps=4,
+                   draft_vocab_size=19)],
+    "eagle3": [dict(num_layers=1, hidden_size=24, num_heads=4, num_kv_heads=2, intermediate_size=40, ttt_steps=3),
+               dict(num_layers=2, hidden_size=18, num_heads=3, num_kv_heads=3, intermediate_size=23, ttt_steps=3,
+                    target_layers=[1, 3], embedding="trained", draft_vocab_size=19)],
+    "lstm": [dict(n_predict=3, inner_dim=24, tie_weights="shared"),
+             dict(n_predict=4, inner_dim=17, tie_weights="per_stage", draft_vocab_size=19)],
 }
 
 
-def target_info(vocab=53, hidden=20):
+def target_info(vocab=53, hidden=20, num_layers=3):
     torch.manual_seed(0)
-    return TargetInfo(vocab_size=vocab, hidden_size=hidden, num_layers=2, name="stub",
-                      embed_weight=torch.randn(vocab, hidden), token_counts=torch.randint(0, 50, (vocab,)))
+    return TargetInfo(vocab_size=vocab, hidden_size=hidden, num_layers=num_layers, name="stub",
+                      embed_weight=torch.randn(vocab, hidden), lm_head_weight=torch.randn(vocab, hidden),
+                      token_counts=torch.randint(0, 50, (vocab,)))
+
+
+def random_layers(spec, T, hidden):
+    """[1, T, L, H] stand-ins for the target's intermediate layers (None when the family reads none)."""
+    ids = spec.target_layer_ids
+    return torch.randn(1, T, len(ids), hidden) if ids else None
 
 
 def test_config_groups_mirror_registry():
@@ -51,15 +71,18 @@ def test_training_forward_equals_inference(family, size):
     prompt = torch.randint(0, info.vocab_size, (1, T0))
     hidden = torch.randn(1, T0 + k + 1, info.hidden_size)
     pending = torch.randint(0, info.vocab_size, (1, 1))
+    layers = random_layers(spec, T0 + k + 1, info.hidden_size)
+    cut = lambda x, n: None if x is None else x[:, :n]  # noqa: E731
 
-    state = spec.start(prompt, hidden[:, :T0])
+    state = spec.start(prompt, hidden[:, :T0], cut(layers, T0))
     drafts, logits = spec.propose(state, pending, k)  # [1, k], [1, k, V]
     assert drafts.shape == (1, k) and logits.shape == (1, k, spec.vocab.size)
     assert torch.equal(drafts, spec.vocab.to_target(logits.argmax(-1)))
 
     # Teacher-force the sequence the draft itself produced: prompt, pending, d_1..d_k.
     seq = torch.cat([prompt, pending, drafts], 1)  # [1, T0 + 1 + k]
-    feats = Features(input_ids=seq, hidden=hidden[:, : seq.shape[1]], loss_mask=torch.ones_like(seq, dtype=torch.bool))
+    feats = Features(input_ids=seq, hidden=hidden[:, : seq.shape[1]], loss_mask=torch.ones_like(seq, dtype=torch.bool),
+                     layers=cut(layers, seq.shape[1]))
     with torch.no_grad():
         tf = spec.draft_logits(feats)  # [1, P, T, V]
     for i in range(k):
@@ -78,15 +101,17 @@ def test_accept_then_propose_matches_fresh_start(family):
     prompt = torch.randint(0, info.vocab_size, (1, 6))
     hidden = torch.randn(1, 12, info.hidden_size)
     pending = torch.randint(0, info.vocab_size, (1, 1))
+    layers = random_layers(spec, 12, info.hidden_size)
+    span = lambda lo, hi: None if layers is None else layers[:, lo:hi]  # noqa: E731
     for n in range(0, 4):  # accepted drafts, including all k
-        state = spec.start(prompt, hidden[:, :6])
+        state = spec.start(prompt, hidden[:, :6], span(0, 6))
         drafts, _ = spec.propose(state, pending, 3)
         committed = torch.cat([pending, drafts[:, :n]], 1)
-        spec.accept(state, committed, hidden[:, 6 : 7 + n])
+        spec.accept(state, committed, hidden[:, 6 : 7 + n], span(6, 7 + n))
         nxt = torch.tensor([[5]])
         _, after = spec.propose(state, nxt, 3)
 
-        fresh = spec.start(torch.cat([prompt, committed], 1), hidden[:, : 7 + n])
+        fresh = spec.start(torch.cat([prompt, committed], 1), hidden[:, : 7 + n], span(0, 7 + n))
         _, expected = spec.propose(fresh, nxt, 3)
         torch.testing.assert_close(after, expected, **TOL)
 

@@ -1,0 +1,129 @@
+"""EAGLE-3 (Li et al., 2025): fused low/mid/high target features, direct token prediction,
+trained with training-time test (TTT).
+
+    g_j = fc [l^a_j; l^b_j; l^c_j]                the target's hidden_states at target_layers
+    o_j = Layers([E x_{j+1}; c_j])                c_j = g_j (committed) or o_{j-1} (drafted)
+    logits = lm_head(norm(o_j))                   over the draft vocabulary
+
+The first layer reads [embedding; carried] (2D wide, `FusedInputLayer`), later ones are
+plain Llama layers. Training unrolls `ttt_steps` in which the draft consumes its own
+previous outputs (feature_ar.py). The embedding starts as the target's (EAGLE-3 freezes it).
+
+Parameter names follow vLLM speculators' `Eagle3Speculator`, so export is a renaming:
+    embed_tokens.weight                     -> embed_tokens.weight  [V, D]
+    fc.weight                               -> fc.weight            [D, 3H] (3 target layers)
+    layers.0.{input_layernorm, hidden_norm, post_attention_layernorm}.weight,
+    layers.0.self_attn.{q,k,v,o}_proj.weight (q/k/v read 2D), layers.0.mlp.{gate,up,down}_proj.weight
+                                            -> same names (layers.i >= 1: a LlamaDecoderLayer)
+    norm.weight                             -> norm.weight
+    lm_head.weight                          -> lm_head.weight       [N, D]
+    vocab.ids [N] (target ids, ascending)   -> d2t = vocab.d2t() [N], t2d = vocab.t2d() [V] (buffers)
+Its config: transformer_layer_config = a LlamaConfig(hidden_size=D, num_attention_heads,
+num_key_value_heads, intermediate_size, rope_theta, rms_norm_eps=1e-6, vocab_size=V),
+draft_vocab_size = N, target_hidden_size = H, norm_before_residual = False; the target
+layer ids for vLLM's eagle_aux_hidden_state_layer_ids are `target_layer_ids`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import nn
+
+from .base import TargetInfo, register
+from .feature_ar import FeatureAutoregressive
+from .layers import DecoderLayer, FusedInputLayer, embedding_from_target
+
+
+def default_layer_ids(num_layers: int) -> tuple[int, ...]:
+    """EAGLE-3's low/mid/high choice, as SpecForge and vLLM make it: the inputs of decoder
+    layers 2, L // 2 and L - 3, i.e. HF hidden_states[2], [L // 2], [L - 3] (30 layers:
+    2, 15, 27). Shallow targets (tests) get three spread ids in 0..L instead."""
+    if num_layers >= 6:
+        return (2, num_layers // 2, num_layers - 3)
+    return tuple(sorted({num_layers // 4, num_layers // 2, num_layers}))
+
+
+@dataclass
+class Eagle3Config:
+    num_layers: int = 1
+    """Decoder layers (EAGLE-3 uses one)."""
+    hidden_size: int = 576
+    """Width D; fc maps the fused target layers (len(target_layers) x H) to it."""
+    num_heads: int = 9
+    """Attention heads (head dim = hidden_size / num_heads)."""
+    num_kv_heads: int = 3
+    """Key/value heads (grouped-query attention; divides num_heads)."""
+    intermediate_size: int = 1536
+    """MLP width per layer."""
+    target_layers: list[int] = field(default_factory=list)
+    """Target hidden_states ids fused by fc (0 = embeddings); empty: low/mid/high from the target's depth."""
+    ttt_steps: int = 3
+    """Training-time-test steps unrolled on the draft's own outputs."""
+    embedding: Literal["frozen", "trained"] = "frozen"
+    """The token embedding (initialised from the target's): kept frozen as EAGLE-3 does, or trained."""
+    rope_theta: float = 10000.0
+    """Rotary base."""
+    draft_vocab_size: int = 0
+    """Draft only the N most frequent assistant tokens of the training data (0: all)."""
+
+
+@register
+class Eagle3Speculator(FeatureAutoregressive):
+    family = "eagle3"
+    Config = Eagle3Config
+
+    def __init__(self, config: Eagle3Config, target: TargetInfo):
+        super().__init__(config, target)
+        H, d = target.hidden_size, config.hidden_size
+        n_layers = len(self.target_layer_ids)
+        self.embed_tokens = nn.Embedding(target.vocab_size, d)
+        if target.embed_weight is not None:
+            with torch.no_grad():
+                self.embed_tokens.weight.copy_(embedding_from_target(target.embed_weight, d))
+        self.embed_tokens.weight.requires_grad_(config.embedding == "trained")
+        self.fc = nn.Linear(n_layers * H, d, bias=False)
+        args = (d, config.num_heads, config.num_kv_heads, config.intermediate_size)
+        self.layers = nn.ModuleList([FusedInputLayer(*args), *(DecoderLayer(*args) for _ in range(config.num_layers - 1))])
+        self.norm = nn.RMSNorm(d, eps=1e-6)
+        self.lm_head = nn.Linear(d, self.vocab.size, bias=False)
+
+    @classmethod
+    def layer_ids_for(cls, config: Eagle3Config, num_layers: int) -> tuple[int, ...]:
+        ids = tuple(config.target_layers) or default_layer_ids(num_layers)
+        bad = [i for i in ids if not 0 <= i <= num_layers]
+        if bad:
+            raise ValueError(f"eagle3 target_layers {bad} outside 0..{num_layers} (0 = embeddings)")
+        return ids
+
+    @property
+    def unroll_steps(self) -> int:
+        return self.config.ttt_steps
+
+    def target_features(self, hidden, layers):
+        if layers is None:
+            raise ValueError(f"eagle3 reads the target's layers {self.target_layer_ids}; none were given")
+        return layers.flatten(-2)  # [B, T, L * H]
+
+    def lift(self, features):
+        return self.fc(features)
+
+    def carry(self, out):
+        return out
+
+    def step_input(self, carried, tokens):
+        return torch.cat([self.embed_tokens(tokens), carried], -1)
+
+    def head_states(self, out):
+        return self.norm(out)
+
+    def draft_head(self, p: int, states: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(states)
+
+    def draft_head_weight(self, p: int) -> torch.Tensor:
+        return self.lm_head.weight
+
+    def max_draft_len(self) -> None:
+        return None

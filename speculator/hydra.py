@@ -1,0 +1,106 @@
+"""Hydra heads (Ankner et al., 2024): Medusa-style heads made sequentially dependent.
+
+Head i reads the target's feature h_t and the (frozen, the target's own) embeddings of
+every token between t and the one it guesses: the pending token x_{t+1} and the drafts
+before it. So it guesses token t + 2 + i from the prefix (h_t, x_{t+1}, ..., x_{t+1+i}):
+
+    z_i = ResBlock^B(W_in,i [h_t; E x_{t+1}; ...; E x_{t+1+i}])    input (i + 2) H -> D
+    logits_i = W_out,i z_i
+
+Unlike Medusa, a head's guess follows the path drafted above it, which is what makes
+Hydra's tree levels consistent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .base import Features, Speculator, TargetInfo, register
+from .layers import FrozenTargetTensor, LastHidden, OutputHeads, ResBlock, compute_dtype
+
+
+@dataclass
+class HydraConfig:
+    num_heads: int = 4
+    """Heads K = the longest draft chain."""
+    hidden_size: int = 576
+    """Width D of each head (its input projection maps (i + 2) x the target's hidden to it)."""
+    num_blocks: int = 1
+    """Residual blocks per head after its input projection (depth)."""
+    output: Literal["per_head", "shared"] = "per_head"
+    """Each head its own output layer, or one tied across heads."""
+    draft_vocab_size: int = 0
+    """Draft only the N most frequent assistant tokens of the training data (0: all)."""
+
+
+@register
+class HydraSpeculator(Speculator):
+    family = "hydra"
+    Config = HydraConfig
+    shift = 1
+    target_tensors = ("embed_weight",)
+
+    def __init__(self, config: HydraConfig, target: TargetInfo):
+        super().__init__(config, target)
+        H, d = target.hidden_size, config.hidden_size
+        self.embed = FrozenTargetTensor(target.embed_weight, "input embedding", self.family)
+        self.heads = nn.ModuleList(
+            nn.Sequential(nn.Linear((i + 2) * H, d), *(ResBlock(d) for _ in range(config.num_blocks)))
+            for i in range(config.num_heads)
+        )
+        self.out = OutputHeads(config.num_heads, d, self.vocab.size, config.output)
+
+    def _head(self, i: int, h: torch.Tensor, embeds: list[torch.Tensor]) -> torch.Tensor:
+        return self.heads[i](torch.cat([h, *embeds], -1))
+
+    def draft_states(self, feats: Features) -> torch.Tensor:  # [B, K, T, D]
+        ids, h = feats.input_ids, feats.hidden.to(compute_dtype(self))
+        B, T = ids.shape
+        e = F.embedding(ids, self.embed.weight)  # [B, T, H]
+        out = h.new_zeros(B, self.config.num_heads, T, self.config.hidden_size)
+        for i in range(min(self.config.num_heads, T - 1)):
+            span = T - 1 - i  # head i at position t reads x_{t+1}..x_{t+1+i}: t < T - 1 - i
+            out[:, i, :span] = self._head(i, h[:, :span], [e[:, 1 + j : 1 + j + span] for j in range(i + 1)])
+        return out
+
+    def draft_head(self, p: int, states: torch.Tensor) -> torch.Tensor:
+        return self.out(p, states)
+
+    def draft_head_weight(self, p: int) -> torch.Tensor:
+        return self.out.weight(p)
+
+    # --- inference ----------------------------------------------------------------
+
+    def max_draft_len(self) -> int:
+        return self.config.num_heads
+
+    def start(self, prompt_ids: torch.Tensor, prompt_hidden: torch.Tensor, layers=None) -> LastHidden:
+        return LastHidden(hidden=prompt_hidden[:, -1])
+
+    @torch.no_grad()
+    def propose(self, state: LastHidden, pending: torch.Tensor, k: int):
+        assert k <= self.config.num_heads, f"hydra drafts at most {self.config.num_heads} tokens"
+        h, token, embeds, tokens, logits = state.hidden.to(compute_dtype(self)), pending[:, 0], [], [], []
+        for i in range(k):
+            embeds.append(F.embedding(token, self.embed.weight))  # [1, H]
+            step_logits = self.draft_head(i, self._head(i, h, embeds))  # [1, N]
+            token = self.vocab.to_target(step_logits.argmax(-1))  # [1]
+            tokens.append(token)
+            logits.append(step_logits)
+        return torch.stack(tokens, 1), torch.stack(logits, 1)  # [1, k], [1, k, N]
+
+    @torch.no_grad()
+    def extend(self, state: LastHidden, pending: torch.Tensor, paths: torch.Tensor) -> torch.Tensor:
+        M, d = paths.shape
+        assert d < self.config.num_heads, f"hydra has {self.config.num_heads} heads; no head for depth {d + 1}"
+        seq = torch.cat([pending.expand(M, 1), paths], 1)  # [M, d + 1]
+        embeds = list(F.embedding(seq, self.embed.weight).unbind(1))  # d + 1 x [M, H]
+        return self.draft_head(d, self._head(d, state.hidden.to(compute_dtype(self)).expand(M, -1), embeds))  # [M, N]
+
+    def accept(self, state: LastHidden, committed: torch.Tensor, hidden: torch.Tensor, layers=None) -> None:
+        state.hidden = hidden[:, -1]

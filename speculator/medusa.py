@@ -1,0 +1,94 @@
+"""Medusa-1 (Cai et al., 2024): K independent heads on the frozen target's last hidden state.
+
+Head i is a stack of residual blocks and an output layer; from h_t (the target's feature at
+the last committed position t) it guesses token t + 2 + i, i.e. the i-th token after the
+pending one (which the target itself chose from h_t). The heads never see drafted tokens,
+so a step's k drafts come out of one parallel evaluation of k heads, and a tree's level d
+is head d's top tokens whatever the path above it.
+
+    z_i = ResBlock^B(P_i h_t)          P_i: H -> D projection (identity when D = H)
+    logits_i = W_i z_i                  W_i starts as the target's LM head rows (D = H)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+from .base import Features, Speculator, TargetInfo, register
+from .layers import LastHidden, OutputHeads, ResBlock, compute_dtype, maybe_proj
+
+
+@dataclass
+class MedusaConfig:
+    num_heads: int = 4
+    """Heads K = the longest draft chain; head i guesses the (i+1)-th token after the pending one."""
+    num_blocks: int = 1
+    """Residual blocks per head (depth)."""
+    hidden_size: int = 0
+    """Width of each head (0: the target's hidden size, no input projection)."""
+    output: Literal["per_head", "shared"] = "per_head"
+    """Each head its own output layer, or one tied across heads."""
+    output_init: Literal["target_head", "random"] = "target_head"
+    """Start output layers as the target's LM head rows (Medusa's init; needs width = target's)."""
+    draft_vocab_size: int = 0
+    """Draft only the N most frequent assistant tokens of the training data (0: all)."""
+
+
+@register
+class MedusaSpeculator(Speculator):
+    family = "medusa"
+    Config = MedusaConfig
+    shift = 1
+
+    def __init__(self, config: MedusaConfig, target: TargetInfo):
+        super().__init__(config, target)
+        H = target.hidden_size
+        d = config.hidden_size or H
+        self.heads = nn.ModuleList(
+            nn.Sequential(maybe_proj(H, d), *(ResBlock(d) for _ in range(config.num_blocks)))
+            for _ in range(config.num_heads)
+        )
+        self.out = OutputHeads(config.num_heads, d, self.vocab.size, config.output)
+        if config.output_init == "target_head" and d == H and target.lm_head_weight is not None:
+            with torch.no_grad():
+                for linear in self.out.linears:
+                    linear.weight.copy_(target.lm_head_weight.float()[self.vocab.ids])
+
+    def draft_states(self, feats: Features) -> torch.Tensor:  # [B, K, T, D]
+        h = feats.hidden.to(compute_dtype(self))
+        return torch.stack([head(h) for head in self.heads], 1)
+
+    def draft_head(self, p: int, states: torch.Tensor) -> torch.Tensor:
+        return self.out(p, states)
+
+    def draft_head_weight(self, p: int) -> torch.Tensor:
+        return self.out.weight(p)
+
+    # --- inference ----------------------------------------------------------------
+
+    def max_draft_len(self) -> int:
+        return self.config.num_heads
+
+    def start(self, prompt_ids: torch.Tensor, prompt_hidden: torch.Tensor, layers=None) -> LastHidden:
+        return LastHidden(hidden=prompt_hidden[:, -1])
+
+    @torch.no_grad()
+    def propose(self, state: LastHidden, pending: torch.Tensor, k: int):
+        assert k <= self.config.num_heads, f"medusa drafts at most {self.config.num_heads} tokens"
+        h = state.hidden.to(compute_dtype(self))  # [1, H]
+        logits = torch.stack([self.draft_head(i, self.heads[i](h)) for i in range(k)], 1)  # [1, k, N]
+        return self.vocab.to_target(logits.argmax(-1)), logits  # [1, k], [1, k, N]
+
+    @torch.no_grad()
+    def extend(self, state: LastHidden, pending: torch.Tensor, paths: torch.Tensor) -> torch.Tensor:
+        d = paths.shape[1]
+        assert d < self.config.num_heads, f"medusa has {self.config.num_heads} heads; no head for depth {d + 1}"
+        logits = self.draft_head(d, self.heads[d](state.hidden.to(compute_dtype(self))))  # [1, N]: no head reads the path
+        return logits.expand(paths.shape[0], -1)
+
+    def accept(self, state: LastHidden, committed: torch.Tensor, hidden: torch.Tensor, layers=None) -> None:
+        state.hidden = hidden[:, -1]

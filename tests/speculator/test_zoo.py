@@ -1,0 +1,208 @@
+"""The speculator zoo (medusa, hydra, eagle, eagle3, lstm): tree drafting agrees with chain
+drafting, training reads no future, sizes are knobs, checkpoints hold only the draft's own
+weights, and greedy speculative decoding is lossless on a real target."""
+
+import pytest
+import torch
+
+from speclab.eval.engine import generate_plain, generate_speculative
+from speclab.speculator import families  # noqa: F401  (fills the registry)
+from speclab.speculator.base import REGISTRY, Features, TargetInfo, build_speculator, load_speculator, speculator_class
+from speclab.speculator.eagle3 import default_layer_ids
+
+from test_families import SMALL, TOL, random_layers, target_info
+
+ZOO = [f for f in ("medusa", "hydra", "eagle", "eagle3", "lstm") if f in SMALL]
+
+
+def started(spec, info, T0=6, seed=3):
+    torch.manual_seed(seed)
+    prompt = torch.randint(0, info.vocab_size, (1, T0))
+    state = spec.start(prompt, torch.randn(1, T0, info.hidden_size), random_layers(spec, T0, info.hidden_size))
+    return state, torch.randint(0, info.vocab_size, (1, 1))
+
+
+@pytest.mark.parametrize("family", ZOO)
+@pytest.mark.parametrize("size", [0, 1])
+def test_extend_equals_propose_and_leaves_the_state_alone(family, size):
+    info = target_info()
+    spec = build_speculator(family, SMALL[family][size], info).eval()
+    state, pending = started(spec, info)
+    k = 3
+    drafts, logits = spec.propose(state, pending, k)
+    for d in range(k):
+        # row m of extend = propose's logits after drafting paths[m]: use its own drafts, plus
+        # random siblings that must each equal a one-row call
+        paths = torch.cat([drafts[:, :d], torch.randint(0, info.vocab_size, (4, d))], 0)  # [5, d]
+        rows = spec.extend(state, pending, paths)  # [5, N]
+        assert rows.shape == (5, spec.vocab.size)
+        torch.testing.assert_close(rows[0], logits[0, d], **TOL)
+        for m in range(1, 5):
+            torch.testing.assert_close(rows[m], spec.extend(state, pending, paths[m : m + 1])[0], **TOL)
+    again, again_logits = spec.propose(state, pending, k)
+    assert torch.equal(again, drafts)
+    torch.testing.assert_close(again_logits, logits, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("family", ZOO)
+def test_training_forward_reads_no_future(family):
+    """State (p, t) may read tokens up to x_{t+1+p} and target features up to t, nothing later."""
+    info = target_info()
+    spec = build_speculator(family, SMALL[family][1], info).eval()
+    torch.manual_seed(4)
+    T, t = 12, 5
+    ids = torch.randint(0, info.vocab_size, (2, T))
+    hidden = torch.randn(2, T, info.hidden_size)
+    layers = random_layers(spec, T, info.hidden_size)
+    layers = None if layers is None else layers.expand(2, -1, -1, -1).clone()
+    mask = torch.ones(2, T, dtype=torch.bool)
+    with torch.no_grad():
+        before = spec.draft_states(Features(ids, hidden, mask, layers))
+        for p in range(before.shape[1]):
+            ids2, hidden2 = ids.clone(), hidden.clone()
+            ids2[:, t + 2 + p :] = (ids2[:, t + 2 + p :] + 1) % info.vocab_size
+            hidden2[:, t + 1 :] += 1
+            layers2 = None if layers is None else torch.cat([layers[:, : t + 1], layers[:, t + 1 :] + 1], 1)
+            after = spec.draft_states(Features(ids2, hidden2, mask, layers2))
+            torch.testing.assert_close(after[:, p, : t + 1], before[:, p, : t + 1], **TOL)
+            # ...and it does read the token it is given (else the check above proves nothing)
+            ids3 = ids.clone()
+            ids3[:, t + 1 + p] = (ids3[:, t + 1 + p] + 1) % info.vocab_size
+            moved = spec.draft_states(Features(ids3, hidden, mask, layers))
+            if family != "medusa":  # medusa's heads read only the target's feature
+                assert not torch.allclose(moved[:, p, t], before[:, p, t])
+
+
+@pytest.mark.parametrize("family", ZOO)
+def test_size_knobs_change_the_parameter_count(family):
+    info = target_info()
+    small, large = (build_speculator(family, SMALL[family][0] | extra, info).num_params()
+                    for extra in ({}, bigger(family)))
+    assert large > small
+
+
+def bigger(family: str) -> dict:
+    return {"medusa": dict(num_blocks=3), "hydra": dict(hidden_size=32, num_blocks=2),
+            "eagle": dict(num_layers=2), "eagle3": dict(num_layers=2, intermediate_size=64),
+            "lstm": dict(inner_dim=32)}[family]
+
+
+@pytest.mark.parametrize("family", ZOO)
+def test_training_loss_backpropagates_to_trainable_weights_only(family):
+    info = target_info()
+    spec = build_speculator(family, SMALL[family][1], info)
+    torch.manual_seed(5)
+    T = 10
+    ids = torch.randint(0, info.vocab_size, (2, T))
+    feats = Features(ids, torch.randn(2, T, info.hidden_size), torch.ones(2, T, dtype=torch.bool),
+                     None if not spec.target_layer_ids else torch.randn(2, T, len(spec.target_layer_ids), info.hidden_size))
+    head = info.lm_head_weight
+    loss, metrics = spec.loss(feats, lambda d, t: torch.nn.functional.cross_entropy(d, t.argmax(-1), reduction="none"),
+                              lambda h, cols: h @ (head if cols is None else head[cols]).T)
+    loss.backward()
+    assert torch.isfinite(loss) and "acc_pos0" in metrics
+    trainable = [n for n, p in spec.named_parameters() if p.requires_grad]
+    assert trainable and all(spec.get_parameter(n).grad is not None for n in trainable)
+    # the target's own tensors are never part of the draft's weights
+    names = set(spec.state_dict())
+    assert not any(n.startswith(("embed.", "head.")) for n in names), names
+
+
+def test_eagle_regresses_features_and_needs_the_live_target(tmp_path):
+    info = target_info()
+    spec = build_speculator("eagle", SMALL["eagle"][1], info)
+    T = 9
+    feats = Features(torch.randint(0, info.vocab_size, (1, T)), torch.randn(1, T, info.hidden_size),
+                     torch.ones(1, T, dtype=torch.bool))
+    zero = lambda d, t: d.sum(-1) * 0  # noqa: E731  (token term off: the loss is the regression alone)
+    loss, metrics = spec.loss(feats, zero, lambda h, cols: h.new_zeros(len(h), spec.vocab.size))
+    states = spec.draft_states(feats)  # [1, P, T, H]: step p at t predicts the target's feature at t + 1 + p
+    rows = torch.cat([torch.nn.functional.smooth_l1_loss(states[0, p, : T - 1 - p], feats.hidden[0, 1 + p :],
+                                                         reduction="none").mean(-1) for p in range(states.shape[1])])
+    assert states.shape[1] == SMALL["eagle"][1]["unroll_steps"] and "feature_loss_pos0" in metrics
+    assert loss.item() == pytest.approx(rows.mean().item(), rel=1e-5)
+    spec.save(tmp_path / "ckpt")
+    with pytest.raises(ValueError, match="pass the live target"):
+        load_speculator(tmp_path / "ckpt")
+    live = TargetInfo(**{**info.__dict__, "embed_weight": info.embed_weight * 2})
+    loaded = load_speculator(tmp_path / "ckpt", live)
+    assert loaded.embed.weight.data_ptr() == live.embed_weight.data_ptr()  # the live target's, by reference
+
+
+def test_eagle3_parameter_names_follow_speculators_layout():
+    spec = build_speculator("eagle3", SMALL["eagle3"][1], target_info())
+    names = set(spec.state_dict())
+    layer0 = {f"layers.0.{n}.weight" for n in (
+        "input_layernorm", "hidden_norm", "post_attention_layernorm", "self_attn.q_proj", "self_attn.k_proj",
+        "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")}
+    assert {"embed_tokens.weight", "fc.weight", "norm.weight", "lm_head.weight", "vocab.ids"} | layer0 <= names
+    assert not any(n.startswith("layers.1.hidden_norm") for n in names)  # later layers are plain Llama layers
+    assert spec.fc.weight.shape == (18, 2 * 20)  # [D, L * H] for target_layers=[1, 3]
+    assert spec.embed_tokens.weight.requires_grad  # embedding="trained"
+    frozen = build_speculator("eagle3", SMALL["eagle3"][0], target_info())
+    assert not frozen.embed_tokens.weight.requires_grad  # EAGLE-3 keeps the target's embedding
+
+
+def test_eagle3_default_target_layers_are_low_mid_high():
+    assert default_layer_ids(30) == (2, 15, 27)  # SmolLM2-135M: as SpecForge / vLLM pick them
+    assert default_layer_ids(32) == (2, 16, 29)
+    spec = build_speculator("eagle3", SMALL["eagle3"][0], target_info(num_layers=30))
+    assert spec.target_layer_ids == (2, 15, 27)
+    cls = speculator_class("eagle3")
+    assert cls.layer_ids_for(cls.Config(target_layers=[4, 1]), 30) == (4, 1)
+    with pytest.raises(ValueError, match="outside 0..30"):
+        cls.layer_ids_for(cls.Config(target_layers=[31]), 30)
+
+
+def test_eagle3_d2t_t2d_survive_save_and_load(tmp_path):
+    """The exporter writes vocab.d2t()/t2d(): target id = i + d2t[i], and t2d marks exactly those."""
+    info = target_info()
+    spec = build_speculator("eagle3", SMALL["eagle3"][1], info)
+    spec.save(tmp_path / "ckpt")
+    loaded = load_speculator(tmp_path / "ckpt")  # eagle3 owns all its weights: no target needed
+    d2t, t2d = loaded.vocab.d2t(), loaded.vocab.t2d()
+    draft_ids = torch.arange(loaded.vocab.size)
+    assert torch.equal(loaded.vocab.to_target(draft_ids), draft_ids + d2t)
+    assert torch.equal(t2d.nonzero()[:, 0], draft_ids + d2t) and torch.equal(d2t, spec.vocab.d2t())
+
+
+# --- lossless greedy decoding on a real (tiny) target -----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from speclab.speculator.targets import tiny_llama
+
+    return tiny_llama()
+
+
+def real_target_config(family: str) -> dict:
+    """SMALL's second shape, made to fit a real target (eagle3: its default layers)."""
+    return dict(SMALL[family][1], **({"target_layers": []} if family == "eagle3" else {}))
+
+
+@pytest.mark.parametrize("family", sorted(REGISTRY))
+def test_greedy_speculative_decoding_is_lossless_on_tiny(family, tiny):
+    torch.manual_seed(6)
+    counts = torch.randint(0, 100, (tiny.vocab_size,))
+    spec = build_speculator(family, real_target_config(family), TargetInfo.of(tiny).with_counts(counts)).eval()
+    for prompt_len in (1, 9):  # a one-token prompt leaves the feature families nothing to prefill
+        prompt = torch.randint(3, tiny.vocab_size, (1, prompt_len))
+        plain = generate_plain(tiny, prompt, 10, eos_ids=())
+        spec_out = generate_speculative(tiny, spec, prompt, 10, k=3, eos_ids=())
+        assert spec_out.tokens == plain.tokens
+
+
+@pytest.mark.slow
+def test_greedy_speculative_decoding_is_lossless_on_smollm2():
+    """Every family, untrained, at its shipped default size, on the real SmolLM2-135M target."""
+    from speclab.speculator.targets import smollm2_from_gguf
+    from speclab.eval.prompts import encode_prompt
+
+    target = smollm2_from_gguf(dtype="fp32")
+    info = TargetInfo.of(target).with_counts(torch.randint(0, 100, (target.vocab_size,), generator=torch.Generator().manual_seed(0)))
+    prompt = encode_prompt(target.tokenizer, {"prompt": "Write a Python function that reverses a list."}, chat_template=True)
+    plain = generate_plain(target, prompt, 12, eos_ids=())
+    for family in sorted(REGISTRY):
+        spec = build_speculator(family, {}, info).eval()
+        assert generate_speculative(target, spec, prompt, 12, k=3, eos_ids=()).tokens == plain.tokens, family
