@@ -1,4 +1,5 @@
-# Quick start: `make demo` (the default experiment on the embedded SmolLM2 target),
+# Quick start: `make demo` (the `quick` sweep on the embedded SmolLM2 target: train, score,
+# print the leaderboard, export the best; rerunning it skips the runs already done),
 # `make test` (the whole suite). Both create .venv and install what they need.
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -23,7 +24,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	touch $@
 
 demo: install
-	$(SPECLAB) train -m speculator=mlp,draft_lm runs_dir=$(DEMO_RUNS)
+	$(SPECLAB) sweep quick runs_dir=$(DEMO_RUNS)
 	$(SPECLAB) runs --runs $(DEMO_RUNS)
 	$(SPECLAB) export --best --metric speedup --runs $(DEMO_RUNS) --out $(DEMO_EXPORT)
 	@echo "exported speculator: $(DEMO_EXPORT)"

@@ -4,6 +4,9 @@
     speclab runs [--runs DIR] [--json]   the results table
     speclab eval CKPT [--prompts FILE] [--json OUT] [target.KEY=VALUE ...]
     speclab export --best --metric speedup --out DIR [--runs DIR]
+    speclab bench --speculator DIR [--assistant DIR] [--prompts FILE] [...]   peers side by side (bench.py)
+    speclab sweep NAME [HYDRA OVERRIDES]  the predefined sweep configs/sweep/NAME.yaml
+    speclab dashboard [--runs DIR] [--port PORT] [--host HOST]   live results page
 
 Mistakes a user can fix (a missing directory, no runs, a bad metric) print one line to
 stderr and exit with status 2, without a traceback; bugs keep their traceback.
@@ -20,12 +23,13 @@ import sys
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from . import bench
 from .index import METRICS, rebuild
 from .results import find_speculator_checkpoint, write_json_atomic
 from .table import format_lossless, format_number, format_per_position, format_speedup, format_table
 
 DEFAULT_RUNS_DIR = "runs"
-NOT_YET_AVAILABLE = ("sweep", "bench", "dashboard")
+NOT_YET_AVAILABLE: tuple[str, ...] = ()
 # `speclab eval` instantiates the checkpoint's recorded target config: only target builders
 # from this module may be named there, since a config file must not run arbitrary code.
 TARGET_BUILDERS_MODULE = "speclab.speculator.targets"
@@ -54,9 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="speclab", description="Train, score and export speculative-decoding draft models.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     commands.add_parser("train", help="one experiment: Hydra overrides, -m for a multirun", add_help=False)
-    commands.add_parser("sweep", help="the predefined sweep configs/sweep/NAME.yaml (not yet available)")
-    commands.add_parser("bench", help="throughput against peers, one process (not yet available)")
-    commands.add_parser("dashboard", help="results dashboard (not yet available)")
+    commands.add_parser("sweep", help="the predefined sweep configs/sweep/NAME.yaml: NAME [HYDRA OVERRIDES]", add_help=False)
+    bench.add_parser(commands)
+    from .dashboard.cli import add_dashboard_parser  # the logic lives in sweeps/dashboard/
+    add_dashboard_parser(commands)
 
     runs = commands.add_parser("runs", help="the results table")
     runs.add_argument("--runs", default=DEFAULT_RUNS_DIR, help="directory holding the run directories")
@@ -88,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        if argv[:1] == ["sweep"]:  # NAME, then Hydra overrides
+            return cmd_sweep(argv[1:])
         if argv[:1] == ["train"]:  # Hydra parses its own arguments
             return run_train(argv[1:])
         if argv[:1] and argv[0] in NOT_YET_AVAILABLE:
@@ -96,9 +103,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             args, extra = build_parser().parse_known_args(argv)
         except SystemExit as exc:  # --help, or a usage error already printed
             return int(exc.code or 0)
-        if extra and not (args.command == "eval" and all(_is_override(a) for a in extra)):
+        if extra and not (args.command in ("eval", "bench") and all(_is_override(a) for a in extra)):
             raise CliError(f"unrecognized arguments: {' '.join(extra)}")
-        if args.command == "eval":
+        if args.command in ("eval", "bench"):
             args.overrides += extra  # overrides given after an option land here
         return COMMANDS[args.command](args)
     except CliError as exc:
@@ -160,7 +167,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from speclab.eval.benchmark import score
     from speclab.eval.prompts import encode_prompt
-    from speclab.speculator.base import TargetInfo, load_speculator
+    from speclab.speculator.base import TargetInfo
+
+    from .export_formats import load_checkpoint
 
     with user_errors():  # everything a user can get wrong fails here, before minutes of scoring
         check_eval_args(args)
@@ -168,7 +177,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         target_config = recorded_target_config(checkpoint, args.overrides)
         prompts = eval_prompts(args.prompts, args.limit)
         target = build_target(target_config)
-        speculator = load_speculator(checkpoint, TargetInfo.of(target))
+        speculator = load_checkpoint(checkpoint, TargetInfo.of(target))  # speclab or an export layout
         encoded = [encode_prompt(target.tokenizer, item, chat_template=args.chat_template).to(target.device)
                    for item in prompts]  # each [1, T]
     speculator = speculator.to(device=target.device, dtype=target.dtype)
@@ -195,7 +204,9 @@ def recorded_target_config(checkpoint: Path, overrides: list[str]) -> dict:
     """config.json's "target_config" with target.KEY=VALUE overrides applied, checked."""
     from omegaconf import OmegaConf
 
-    meta = json.loads((checkpoint / "config.json").read_text())
+    from .export_formats import checkpoint_meta
+
+    meta = checkpoint_meta(checkpoint)  # speclab's config.json, or an export's speclab.json
     if not isinstance(meta.get("target_config"), dict):
         raise ValueError(f"{checkpoint}/config.json records no target_config, so its target is unknown")
     bad = [o for o in overrides if not (_is_override(o) and o.startswith("target."))]
@@ -273,4 +284,21 @@ def eval_summary(report: dict, checkpoint: Path, target_name: str, num_prompts: 
     ])
 
 
-COMMANDS = {"runs": cmd_runs, "export": cmd_export, "eval": cmd_eval}
+def cmd_sweep(argv: list[str]) -> int:
+    from .sweep import available_sweeps, run_sweep
+
+    if not argv or argv[0].startswith("-"):
+        raise CliError(f"usage: speclab sweep NAME [HYDRA OVERRIDES]; sweeps: {', '.join(available_sweeps())}")
+    with user_errors():
+        return run_sweep(argv[0], argv[1:], run_train)
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    from .dashboard.cli import run_dashboard
+
+    with user_errors():
+        return run_dashboard(args)
+
+
+COMMANDS = {"runs": cmd_runs, "export": cmd_export, "eval": cmd_eval, "dashboard": cmd_dashboard,
+            "bench": bench.cmd_bench}

@@ -16,12 +16,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from speclab.eval.benchmark import score
 from speclab.eval.prompts import encode_prompt, humaneval_prompts, load_prompts
-from speclab.speculator.base import Speculator, TargetInfo, build_speculator
+from speclab.speculator.base import Speculator, TargetInfo, build_config, build_speculator, speculator_class
 from speclab.speculator.target import FrozenTarget
 from speclab.speculator.targets import cache_root
 from speclab.training.data import DataConfig, build_dataset
 from speclab.training.features import FeatureDataset, assistant_token_counts, build_feature_store
+from speclab.training.checkpoint import final_weights
+from speclab.training.supervisor import CHECKPOINTS, SupervisorConfig, supervise
 from speclab.training.train import fit
+from speclab.training.loggers import log_final
 
 from .results import new_result, one_line_error, weights_sha256, write_result
 
@@ -50,12 +53,33 @@ def prepare(cfg: DictConfig) -> Prepared:
     target: FrozenTarget = instantiate(cfg.target)
     data = build_dataset(target, DataConfig(**OmegaConf.to_container(cfg.data, resolve=True)))
     if cfg.training.features == "offline":
+        # The intermediate target layers the speculator reads (eagle3) are cached beside the hidden states.
+        layer_ids = speculator_class(cfg.speculator.family).layer_ids_for(
+            build_config(cfg.speculator.family, _params(cfg.speculator)), target.num_layers)
         store = build_feature_store(target, data.train, data.fingerprint, cache_root() / "features",
-                                    dtype=cfg.training.feature_dtype, batch_size=cfg.training.feature_batch_size)
+                                    dtype=cfg.training.feature_dtype, batch_size=cfg.training.feature_batch_size,
+                                    layer_ids=layer_ids)
         counts = assistant_token_counts(store, target.vocab_size)
-        return Prepared(target, FeatureDataset(store=store), counts, data.heldout, data.stats, store.bytes_per_token)
+        return Prepared(target, FeatureDataset(store=store, layer_ids=layer_ids), counts, data.heldout, data.stats, store.bytes_per_token)
     counts = assistant_token_counts(data.train, target.vocab_size)
     return Prepared(target, FeatureDataset(examples=data.train), counts, data.heldout, data.stats, None)
+
+
+def train_attempt(config: dict, run_dir: str) -> dict:
+    """One training attempt, run by the supervisor in a child process (a device error can
+    leave a process unusable): rebuilds its inputs from the run's resolved config (the data
+    and feature caches make `prepare` cheap the second time) and resumes from the newest
+    complete checkpoint."""
+    cfg = OmegaConf.create(config)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    seed_everything(cfg.seed)
+    prep = prepare(cfg)
+    info = TargetInfo.of(prep.target).with_counts(prep.token_counts)
+    speculator = build_speculator(cfg.speculator.family, _params(cfg.speculator), info)
+    seed_everything(cfg.seed)
+    return fit(speculator, prep.target, prep.dataset, cfg.training, Path(run_dir), cfg.seed, faults=cfg.faults,
+               config=config)
 
 
 def eval_prompts(cfg: DictConfig, heldout: list[dict]) -> list[dict]:
@@ -92,15 +116,21 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict:
         result["speculator"] = {"family": speculator.family, "params": speculator.num_params()}
         result["data"] = {**prep.data_stats, "feature_bytes_per_token": prep.feature_bytes_per_token}
         seed_everything(cfg.seed)
-        result["train"] = fit(speculator, prep.target, prep.dataset, cfg.training, run_dir, cfg.seed)
+        outcome = supervise(train_attempt, (result["config"], str(run_dir)), run_dir,
+                            SupervisorConfig(**result["config"]["training"]["supervisor"]))
+        result["train"] = outcome.train
+        outcome.raise_if_failed()
+        speculator.load_state_dict(final_weights(run_dir / CHECKPOINTS))
         speculator.save(run_dir / SPECULATOR_DIR,
                         extra={"target_config": OmegaConf.to_container(cfg.target, resolve=True)})
         result["checkpoint"] = str(SPECULATOR_DIR)
         result["final_weights_sha256"] = weights_sha256(speculator.state_dict())
         scored = evaluate(cfg, prep.target, speculator, eval_prompts(cfg, prep.heldout))
-        result.update({key: scored[key] for key in ("acceptance", "throughput", "lossless")})
+        result.update({key: scored[key] for key in ("acceptance", "throughput", "lossless", "timing", "ci")
+                       if key in scored})
         result["eval"] = {"per_prompt": scored.get("per_prompt"), "k": cfg.eval.k,
                           "max_new_tokens": cfg.eval.max_new_tokens}
+        log_final(run_dir, cfg, result)  # measured acceptance + speedup into the wandb run (offline by default)
         mismatches = result["lossless"]["mismatches"]
         if mismatches:
             raise RuntimeError(f"lossless check failed: {mismatches} prompt(s) differ from plain greedy decoding")

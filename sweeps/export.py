@@ -17,8 +17,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from speclab.speculator.base import load_speculator
+from speclab.speculator.base import Speculator, TargetInfo, load_speculator, speculator_class
 
+from .export_formats import write_layout
 from .index import best, metric_value
 from .results import (EXPORT_MANIFEST, RESULT_FILE, SHARED_DIR_MODE, SPECULATOR_FILES,
                       is_speculator_checkpoint, weights_sha256, write_json_atomic)
@@ -27,6 +28,7 @@ from .table import format_number, format_params, format_per_position, format_spe
 log = logging.getLogger(__name__)
 
 MODEL_CARD = "README.md"
+DEFAULT_K = 4  # draft length written into an export's proposal config when the run recorded none
 
 
 def export_best(runs_dir: str | Path, out_dir: str | Path, metric: str = "speedup") -> Path:
@@ -34,17 +36,18 @@ def export_best(runs_dir: str | Path, out_dir: str | Path, metric: str = "speedu
     row = best(runs_dir, metric)
     run_dir = Path(runs_dir) / row["run_dir"]
     checkpoint = checkpoint_of(run_dir, row["result"])
-    verify_weights(checkpoint, row["result"].get("final_weights_sha256"))
+    meta = json.loads((checkpoint / "config.json").read_text())
+    speculator = verify_weights(checkpoint, row["result"].get("final_weights_sha256"), meta)
+    k = (row["result"].get("acceptance") or {}).get("k") or DEFAULT_K
 
     def fill(tmp: Path) -> None:
-        for name in SPECULATOR_FILES:
-            shutil.copy2(checkpoint / name, tmp / name)
+        layout = write_layout(tmp, speculator, meta, k)  # eagle3: speculators, mlp: mlp_speculator
         shutil.copy2(run_dir / RESULT_FILE, tmp / RESULT_FILE)  # byte for byte, as measured
-        target_config = json.loads((checkpoint / "config.json").read_text()).get("target_config")
-        (tmp / MODEL_CARD).write_text(model_card(row["result"], metric, target_config))
+        (tmp / MODEL_CARD).write_text(model_card(row["result"], metric, meta.get("target_config"), layout))
         write_json_atomic(tmp / EXPORT_MANIFEST, {
             "run_id": row["run_id"],
             "source_run_dir": str(run_dir.resolve()),
+            "layout": layout,
             "metric": metric,
             "value": metric_value(row, metric),
             "final_weights_sha256": row["result"].get("final_weights_sha256"),
@@ -65,20 +68,35 @@ def checkpoint_of(run_dir: Path, result: dict) -> Path:
     return checkpoint
 
 
-def verify_weights(checkpoint: Path, expected_sha256: str | None) -> None:
+def verify_weights(checkpoint: Path, expected_sha256: str | None, meta: dict | None = None) -> Speculator:
     """Refuse to export weights other than the ones whose figures result.json reports.
 
     The checkpoint is hashed as `load_speculator` rebuilds it, i.e. as a user will get it:
     its state dict names a tied tensor under every alias, as the run's in-memory model did,
     while the safetensors file stores it once.
     """
+    speculator = load_speculator(checkpoint, live_target_info(meta or {}))
     if not expected_sha256:
         log.warning("%s: result.json has no final_weights_sha256; exporting unverified weights", checkpoint)
-        return
-    actual = weights_sha256(load_speculator(checkpoint).state_dict())
+        return speculator
+    actual = weights_sha256(speculator.state_dict())
     if actual != expected_sha256:
         raise ValueError(f"{checkpoint} holds weights with sha256 {actual[:12]}..., but the run "
                          f"measured weights {expected_sha256[:12]}...: the checkpoint was changed")
+    return speculator
+
+
+def live_target_info(meta: dict) -> TargetInfo | None:
+    """The recorded target, built only for families that draft through its frozen tensors
+    (eagle reads the target's LM head, which its checkpoint does not hold)."""
+    family = meta.get("family")
+    if not family or not getattr(speculator_class(family), "target_tensors", ()):
+        return None
+    from .cli import build_target, check_target_config
+
+    config = dict(meta.get("target_config") or {})
+    check_target_config(config)  # only speclab's own target builders: a config must not run code
+    return TargetInfo.of(build_target(config))
 
 
 def replace_dir(out_dir: Path, fill: Callable[[Path], None]) -> Path:
@@ -116,8 +134,30 @@ def _replaceable(path: Path) -> bool:
     return path.is_dir() and ((path / EXPORT_MANIFEST).is_file() or not any(path.iterdir()))
 
 
-def model_card(result: dict, metric: str, target_config: dict | None) -> str:
+LAYOUT_FILES = {
+    "speclab": "`model.safetensors` + `config.json`: speclab's own speculator checkpoint "
+               "(`load_speculator` reads it)",
+    "mlp_speculator": "`model.safetensors` + `config.json` in the fms-extras / vLLM `mlp_speculator` layout "
+                      "(`emb.i`, `proj.i`, `ln.i`, `head.i`); `speclab.json` maps it back to speclab. Two differences "
+                      "from stock vLLM: speclab's stage norm is a mean-centring LayerNorm where fms/vLLM's norm is "
+                      "mean-free, and a reduced draft vocabulary (`draft_vocab_size` < `vocab_size`, with `d2t`/`t2d`) "
+                      "is not a stock `MLPSpeculator` field: stock vLLM would not compute this draft exactly",
+    "speculators_eagle3": "`model.safetensors` + `config.json` in vLLM's speculators format "
+                          "(`speculators_model_type: eagle3`, `Eagle3Speculator` tensor names, `d2t`/`t2d` for the "
+                          "reduced vocabulary; vLLM serves single-layer EAGLE-3 drafts); `speclab.json` maps it back",
+}
+
+
+def model_card(result: dict, metric: str, target_config: dict | None, layout: str = "speclab") -> str:
     """A short README.md with the run's measured figures."""
+    files = f"Layout `{layout}`: {LAYOUT_FILES.get(layout, layout)}. Also `result.json` (the run's full " \
+            "record) and `export.json` (where it came from)."
+    costs = [f"- {key}: {format_number(value, '.3g')}" for key, value in sorted((result.get("throughput") or {}).items())
+             if "draft" in key and isinstance(value, (int, float))]
+    return _model_card_body(result, metric, target_config, "\n".join([*costs, "", files]) if costs else files)
+
+
+def _model_card_body(result: dict, metric: str, target_config: dict | None, files: str) -> str:
     spec = result.get("speculator") or {}
     acc = result.get("acceptance") or {}
     thr = result.get("throughput") or {}
@@ -142,12 +182,11 @@ def model_card(result: dict, metric: str, target_config: dict | None) -> str:
         f"final loss {format_number(train.get('final_loss'), '.4f')}",
         f"- weights sha256: `{result.get('final_weights_sha256')}`",
         "",
-        "Files: `model.safetensors` + `config.json` (the speculator), `result.json` (the run's full "
-        "record), `export.json` (where it came from).",
+        files,
         "",
         "```python",
-        "from speclab.speculator.base import load_speculator",
-        'speculator = load_speculator("<this directory>")',
+        "from speclab.sweeps.export_formats import load_checkpoint",
+        'speculator = load_checkpoint("<this directory>")  # any layout; eagle needs the live target',
         "```",
         "",
         "Re-score it: `speclab eval <this directory>`.",

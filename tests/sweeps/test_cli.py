@@ -47,8 +47,9 @@ def test_runs_prints_the_table_and_json(runs, capsys):
     (["export", "--best", "--metric", "loss", "--out", "{tmp}/x", "--runs", "{tmp}"], "invalid choice"),
     (["export", "--best", "--out", "{tmp}/x", "--runs", "{tmp}/missing"], "does not exist"),
     (["runs", "--bogus"], "unrecognized arguments"),
-    (["sweep", "tiny"], "not yet available"),
-    (["dashboard"], "not yet available"),
+    (["sweep", "tiny"], "unknown sweep 'tiny'; valid: arch"),
+    (["sweep"], "usage: speclab sweep NAME"),
+    (["dashboard", "--runs", "{tmp}/missing"], "does not exist"),
     ([], "required"),
 ])
 def test_user_mistakes_exit_2_with_one_line(tmp_path, capsys, argv, message):

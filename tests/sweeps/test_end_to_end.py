@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from speclab.speculator.base import load_speculator
+from speclab.sweeps.export_formats import load_checkpoint
 
 TINY = ["target=tiny", "training=smoke", "eval=smoke", "data.num_prompts=12", "data.max_response_tokens=24",
         "data.max_prompt_tokens=96", "data.prompt_sampling_budget=8", "data.heldout_size=2", "data.gen_batch_size=6", "threads=1"]
@@ -60,7 +60,7 @@ def test_runs_table_and_export_reload(multirun):
     exported = speclab("export", "--best", "--metric", "speedup", "--runs", str(runs), "--out", str(out), cwd=root, env=env)
     assert exported.returncode == 0, exported.stderr
     best = max((json.loads(p.read_text()) for p in runs.rglob("result.json")), key=lambda r: r["throughput"]["speedup"])
-    assert load_speculator(out).family == best["speculator"]["family"]
+    assert load_checkpoint(out).family == best["speculator"]["family"]
 
 
 def test_unknown_family_names_the_valid_choices(tmp_path):

@@ -4,10 +4,11 @@ import pytest
 import torch
 from test_index import make_run
 
-from speclab.speculator.base import TargetInfo, build_speculator, load_speculator
+from speclab.speculator.base import TargetInfo, build_speculator
 from speclab.speculator.targets import tiny_llama
 from speclab.sweeps import export as export_module
 from speclab.sweeps.export import export_best
+from speclab.sweeps.export_formats import load_checkpoint
 from speclab.sweeps.index import NoEligibleRunError, rebuild
 from speclab.sweeps.results import weights_sha256
 
@@ -51,8 +52,8 @@ def test_export_copies_the_best_runs_speculator_result_and_card(tmp_path, runs):
     root, winner = runs
     out = export_best(root, tmp_path / "best", "speedup")
     assert sorted(p.name for p in out.iterdir()) == [
-        "README.md", "config.json", "export.json", "model.safetensors", "result.json"]
-    assert _same_weights(load_speculator(out), winner)
+        "README.md", "config.json", "export.json", "model.safetensors", "result.json", "speclab.json"]
+    assert _same_weights(load_checkpoint(out), winner)
     assert (out / "result.json").read_bytes() == (root / "fast" / "result.json").read_bytes()
     card = (out / "README.md").read_text()
     assert "`fast`" in card and "1.70x" in card and "0.60/0.40" in card and "tiny_llama" in card
@@ -71,7 +72,7 @@ def test_a_tied_weights_speculator_verifies_too(tmp_path, tiny_target):
     root = tmp_path / "runs"
     drafter = make_speculator_run(root, "drafter", tiny_target, family="draft_lm", speedup=1.5)
     out = export_best(root, tmp_path / "best")
-    assert _same_weights(load_speculator(out), drafter)
+    assert _same_weights(load_checkpoint(out), drafter)
 
 
 def test_an_earlier_export_is_replaced_only_after_success(tmp_path, runs, tiny_target, monkeypatch):

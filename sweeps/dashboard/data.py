@@ -1,0 +1,147 @@
+"""What the dashboard shows, gathered read-only from a runs directory.
+
+Everything comes from the run directories themselves (result.json, the live
+logs/metrics.csv of a run in progress, a sweep's multirun.yaml and halving.json); nothing
+is written, not even the results index, so the page can watch a sweep that is running and
+a runs directory the viewer may only read.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from ..halving import DECISIONS_FILE
+from ..index import find_run_dirs, load_rows
+from ..results import RESULT_FILE
+
+MAX_CURVE_POINTS = 400  # loss curves are thinned to this many points (the page draws SVG)
+SWEEP_FILES = ("multirun.yaml", "optimization_results.yaml")  # Hydra's sweepers / Optuna's, at a sweep's root
+RESUMED_FILE = "resumed.json"
+METRICS_CSV = Path("logs") / "metrics.csv"
+
+
+def state(root: Path) -> dict:
+    """The page's whole payload: runs (leaderboard, Pareto, acceptance, loss) and sweeps."""
+    rows = load_rows(root) if root.is_dir() else []
+    runs = [run_entry(root, row) for row in rows]
+    runs += [live_entry(root, d) for d in running_dirs(root)]
+    return {"root": str(root), "generated_at": time.time(), "runs": runs, "sweeps": sweeps(root)}
+
+
+def run_entry(root: Path, row: dict) -> dict:
+    result = row["result"]
+    train = result.get("train") if isinstance(result.get("train"), dict) else {}
+    throughput = result.get("throughput") if isinstance(result.get("throughput"), dict) else {}
+    return {
+        "run_dir": row["run_dir"], "run_id": str(row["run_id"]), "status": str(row["status"]),
+        "error": row["error"], "family": row["family"], "params": _num(row["params"]),
+        "draft_ms_per_token": _num(draft_ms(throughput)), "acceptance_length": _num(row["acceptance_length"]),
+        "acceptance_rate": _num(row["acceptance_rate"]), "per_position": [_num(x) for x in row["per_position"]],
+        "speedup": _num(row["speedup"]), "spec_tok_s": _num(row["spec_tok_s"]),
+        "baseline_tok_s": _num(row["baseline_tok_s"]), "checked_prompts": row["checked_prompts"],
+        "mismatches": row["mismatches"], "train_steps": row["train_steps"], "final_loss": _num(row["final_loss"]),
+        "loss": thin(train.get("loss_history") or read_live_loss(root / row["run_dir"])),
+        "events": events(train),
+    }
+
+
+def live_entry(root: Path, run_dir: Path) -> dict:
+    """A job that started (Hydra wrote .hydra/) but has no result.json yet."""
+    rel = run_dir.relative_to(root).as_posix()
+    return {"run_dir": rel, "run_id": rel, "status": "running", "error": None, "family": None, "params": None,
+            "draft_ms_per_token": None, "acceptance_length": None, "acceptance_rate": None, "per_position": [],
+            "speedup": None, "spec_tok_s": None, "baseline_tok_s": None, "checked_prompts": None,
+            "mismatches": None, "train_steps": None, "final_loss": None,
+            "loss": thin(read_live_loss(run_dir)), "events": []}
+
+
+def draft_ms(throughput: dict) -> Any:
+    """The draft's measured cost per proposed token, under whichever key eval recorded it."""
+    for key, value in throughput.items():
+        if "draft" in key and "ms" in key:
+            return value
+    return None
+
+
+def events(train: dict) -> list[dict]:
+    """Spike, rollback and restart markers of a loss curve, from the watchdog and supervisor."""
+    out = []
+    for record in train.get("rollback_log") or []:
+        if not isinstance(record, dict):
+            continue
+        if isinstance(record.get("onset"), int):
+            out.append({"step": record["onset"], "kind": "spike", "reason": str(record.get("reason", ""))})
+        if isinstance(record.get("target"), int):
+            out.append({"step": record["target"], "kind": "rollback", "reason": str(record.get("reason", ""))})
+    for attempt in (train.get("attempts") or [])[1:]:
+        if isinstance(attempt, dict) and isinstance(attempt.get("resumed_from"), int):
+            out.append({"step": attempt["resumed_from"], "kind": "restart", "reason": str(attempt.get("reason") or "")})
+    return out
+
+
+def read_live_loss(run_dir: Path) -> list[float]:
+    """train/loss per logged step from Lightning's CSV log (a run still training)."""
+    path = run_dir / METRICS_CSV
+    if not path.is_file():
+        return []
+    try:
+        with path.open(newline="") as f:
+            return [float(r["train/loss"]) for r in csv.DictReader(f) if r.get("train/loss")]
+    except (OSError, ValueError, KeyError, csv.Error):
+        return []
+
+
+def running_dirs(root: Path) -> list[Path]:
+    if not root.is_dir():
+        return []
+    done = set(find_run_dirs(root))
+    started = (p.parent for p in root.rglob(".hydra") if p.is_dir())
+    return sorted(d for d in started if d not in done and not (d / RESUMED_FILE).exists())
+
+
+def sweeps(root: Path) -> list[dict]:
+    """Progress of every sweep (a directory holding multirun.yaml) and its halving decisions."""
+    out = []
+    found = {m.parent for name in SWEEP_FILES for m in root.rglob(name)} if root.is_dir() else set()
+    for sweep in sorted(found):
+        jobs = [d for d in sweep.iterdir() if (d / ".hydra").is_dir()]
+        statuses = [_status(d) for d in jobs]
+        entry = {"sweep_dir": sweep.relative_to(root).as_posix(), "jobs": len(jobs),
+                 **{s: statuses.count(s) for s in ("completed", "failed", "running", "resumed")}, "halving": None}
+        decisions = sweep / DECISIONS_FILE
+        if decisions.is_file():
+            try:
+                entry["halving"] = json.loads(decisions.read_text())
+            except (OSError, json.JSONDecodeError):
+                pass
+        out.append(entry)
+    return out
+
+
+def _status(job: Path) -> str:
+    if (job / RESULT_FILE).is_file():
+        try:
+            return "completed" if json.loads((job / RESULT_FILE).read_text()).get("status") == "completed" else "failed"
+        except (OSError, json.JSONDecodeError):
+            return "failed"
+    return "resumed" if (job / RESUMED_FILE).is_file() else "running"
+
+
+def thin(values: list) -> list[list[float]]:
+    """[[step, loss], ...] with at most MAX_CURVE_POINTS points (every n-th, the last kept)."""
+    points = [[i, v] for i, v in enumerate(values) if _num(v) is not None]
+    if len(points) <= MAX_CURVE_POINTS:
+        return points
+    stride = math.ceil(len(points) / MAX_CURVE_POINTS)
+    return points[::stride] + ([points[-1]] if (len(points) - 1) % stride else [])
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return value

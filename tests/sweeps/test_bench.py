@@ -1,0 +1,67 @@
+"""`speclab bench` end to end on the tiny target: every method, the report, the lossless check."""
+
+import json
+
+import pytest
+from test_export import TINY_TARGET_CONFIG
+
+from speclab.speculator.base import TargetInfo, build_speculator
+from speclab.speculator.targets import tiny_llama
+from speclab.sweeps.cli import main
+
+DRAFT = {"num_layers": 1, "hidden_size": 32, "num_heads": 2, "intermediate_size": 64}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench")
+    target = tiny_llama(seed=0)
+    info = TargetInfo.of(target)
+    draft = build_speculator("draft_lm", {**DRAFT, "draft_vocab_size": 100}, info)
+    mlp = build_speculator("mlp", {"n_predict": 3, "inner_dim": 16}, info)
+    draft.save(root / "draft", extra={"target_config": TINY_TARGET_CONFIG})
+    mlp.save(root / "mlp", extra={"target_config": TINY_TARGET_CONFIG})
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps(x) for x in [
+        {"prompt": "def add(a, b):", "category": "code"}, {"prompt": "hello there", "category": "chat"},
+        {"prompt": "Name three colours.", "category": "chat"}]))
+    return root
+
+
+def run_bench(checkpoints, tmp_path, *extra):
+    out = tmp_path / "bench.json"
+    argv = ["bench", "--speculator", str(checkpoints / "mlp"), "--assistant", str(checkpoints / "draft"),
+            "--prompts", str(checkpoints / "prompts.jsonl"), "--max-new-tokens", "8", "--k", "3",
+            "--resamples", "20", "--json", str(out), *extra]
+    assert main(argv) == 0
+    return json.loads(out.read_text())
+
+
+def test_bench_greedy_every_method_is_lossless(checkpoints, tmp_path, capsys):
+    report = run_bench(checkpoints, tmp_path, "--tree", "dynamic", "--tree", "static")
+    methods = report["overall"]
+    assert set(methods) == {"plain", "hf_generate", "hf_prompt_lookup", "hf_assisted", "spec_mlp", "spec_draft_lm",
+                            "tree_dynamic_mlp", "tree_static_mlp", "tree_dynamic_draft_lm", "tree_static_draft_lm"}
+    for name, row in methods.items():
+        assert row["lossless"] == {"checked_prompts": 3, "mismatches": 0}, name
+        assert row["ci"]["tok_s"][0] <= row["ci"]["tok_s"][1] and row["ci"]["speedup_total"][0] > 0
+        assert row["efficiency"] == pytest.approx(row["speedup_total"] / row["acceptance_length"])
+    assert methods["plain"]["speedup_total"] == 1.0 and methods["plain"]["acceptance_length"] == 1.0
+    assert methods["spec_mlp"]["timing"]["draft_ms_per_token"] > 0
+    assert set(report["sets"]["prompts"]["categories"]) == {"code", "chat"}
+    assert "hf_assisted" in capsys.readouterr().out
+
+
+def test_bench_sampling_skips_the_exact_check(checkpoints, tmp_path):
+    report = run_bench(checkpoints, tmp_path, "--temperature", "0.7", "--top-k", "20", "--seed", "3", "--limit", "1")
+    assert report["config"]["sampling"]["temperature"] == 0.7
+    assert all(row["lossless"]["checked_prompts"] == 0 for row in report["overall"].values())
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["bench"], "at least one --speculator"),
+    (["bench", "--assistant", "nowhere"], "is not a directory"),
+])
+def test_bench_mistakes_exit_2(argv, message, capsys):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err

@@ -1,0 +1,139 @@
+"""The dashboard: a read-only local page, checked in headless Chromium."""
+
+import hashlib
+import json
+import os
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+from chromium import Browser, artifacts_dir, find_chromium
+from test_index import make_run
+
+from speclab.sweeps.dashboard.data import state
+from speclab.sweeps.dashboard.server import make_server
+from speclab.sweeps.results import read_result, write_json_atomic, write_result
+
+EVIL = '<img src=x onerror="window.__pwned=1">'  # a run directory may be named anything
+
+
+def add_training(run_dir, losses, rollbacks=(), restarts=()):
+    result = read_result(run_dir)
+    result["train"].update(loss_history=losses, steps=len(losses),
+                           rollback_log=[{"step": s + 3, "onset": s, "target": t, "reason": "spike"} for s, t in rollbacks],
+                           attempts=[{"attempt": 0, "status": "failed"}] + [{"attempt": i + 1, "resumed_from": r}
+                                                                            for i, r in enumerate(restarts)])
+    result["throughput"]["draft_ms_per_token"] = 1.5
+    write_result(run_dir, result)
+
+
+@pytest.fixture
+def runs(tmp_path):
+    root = tmp_path / "runs"
+    sweep = root / "sweep-quick"
+    a = make_run(sweep, "0-mlp-aaaa", speedup=1.4, acceptance_length=2.2, params=2_000_000)
+    b = make_run(sweep, "1-draft_lm-bbbb", family="draft_lm", speedup=1.1, per_position=(0.5, 0.3, 0.1), params=5_000_000)
+    make_run(sweep, "2-eagle3-cccc", family="eagle3", status="failed")
+    evil = make_run(root, EVIL, speedup=0.9, params=9_000_000)
+    for d in (a, b, sweep / "2-eagle3-cccc", sweep / "3-mlp-dddd"):
+        (d / ".hydra").mkdir(parents=True)
+    (sweep / "multirun.yaml").write_text("hydra: {}\n")
+    add_training(a, [3.0 - 0.01 * i for i in range(60)], rollbacks=[(20, 10)], restarts=[40])
+    add_training(evil, [2.0] * 10)
+    # a job still training: no result.json yet, a live Lightning CSV log
+    (sweep / "3-mlp-dddd" / "logs").mkdir()
+    (sweep / "3-mlp-dddd" / "logs" / "metrics.csv").write_text("step,train/loss\n0,4.0\n1,3.5\n2,3.2\n")
+    write_json_atomic(sweep / "halving.json", {
+        "metric": "speedup", "budget_key": "training.max_steps", "eta": 2, "min_budget": 1, "candidates": 2,
+        "rungs": [{"rung": 0, "budget": 1, "runs": [
+            {"overrides": ["speculator=mlp"], "run_dir": str(a), "value": 1.4, "status": "completed", "promoted": True},
+            {"overrides": [EVIL], "run_dir": str(b), "value": 1.1, "status": "completed", "promoted": False}]}],
+        "winner": {"overrides": ["speculator=mlp"], "run_dir": str(a), "value": 1.4, "status": "completed"}})
+    return root
+
+
+def snapshot(root):
+    """Every path, with each file's mtime and content hash (the test itself adds a run later)."""
+    return {str(p.relative_to(root)): (p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
+            if p.is_file() else "dir" for p in sorted(root.rglob("*"))}
+
+
+@pytest.fixture
+def served(runs):
+    server = make_server(runs, port=0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield runs, f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+    server.server_close()
+
+
+def test_state_has_runs_curves_markers_and_sweep_progress(runs):
+    payload = state(runs)
+    by_dir = {r["run_dir"]: r for r in payload["runs"]}
+    assert len(by_dir) == 5  # 4 recorded runs + 1 still running
+    mlp = by_dir["sweep-quick/0-mlp-aaaa"]
+    assert len(mlp["loss"]) == 60 and mlp["draft_ms_per_token"] == 1.5
+    assert sorted((e["kind"], e["step"]) for e in mlp["events"]) == [("restart", 40), ("rollback", 10), ("spike", 20)]
+    assert by_dir["sweep-quick/3-mlp-dddd"]["status"] == "running" and len(by_dir["sweep-quick/3-mlp-dddd"]["loss"]) == 3
+    (sweep,) = payload["sweeps"]
+    assert (sweep["jobs"], sweep["completed"], sweep["failed"], sweep["running"]) == (4, 2, 1, 1)
+    assert sweep["halving"]["winner"]["value"] == 1.4
+
+
+def test_server_binds_locally_and_serves_only_its_two_routes(served):
+    runs, url = served
+    assert url.startswith("http://127.0.0.1:")
+    for path in ("../", "..%2f..%2fetc/passwd", "%2e%2e/%2e%2e/etc/passwd", "api/state/../../etc/passwd",
+                 "sweep-quick/0-mlp-aaaa/result.json", "static/../../result.json"):
+        with pytest.raises(urllib.error.HTTPError) as exc:
+            urllib.request.urlopen(url + path, timeout=10)
+        assert exc.value.code == 404, path
+    body = json.loads(urllib.request.urlopen(url + "api/state", timeout=10).read())
+    assert len(body["runs"]) == 5
+
+
+chromium = find_chromium()
+needs_chromium = pytest.mark.skipif(chromium is None and not os.environ.get("SPECLAB_REQUIRE_CHROMIUM"),
+                                    reason="no chromium (apt-get install -y chromium; .ci/run installs it)")
+
+
+@needs_chromium
+def test_page_in_headless_chromium(served):
+    runs, url = served
+    before = snapshot(runs)
+    browser = Browser(chromium)
+    try:
+        browser.call("Page.navigate", url=url)
+        browser.wait_for("document.querySelectorAll('#leaderboard tbody tr').length === 5")
+        assert browser.evaluate("document.querySelectorAll('#pareto circle.point').length") == 3  # measured runs
+        assert browser.evaluate("document.querySelectorAll('#pareto polyline.front').length") == 1
+        assert browser.evaluate("document.querySelectorAll('#acceptance polyline.curve').length") == 3
+        assert browser.evaluate("document.querySelectorAll('#loss polyline.curve').length") == 3
+        assert browser.evaluate("[...document.querySelectorAll('#loss .marker')].map(m => m.classList[1]).sort().join()") \
+            == "restart,rollback,spike"
+        assert browser.evaluate("document.querySelectorAll('.halving tr').length") == 3
+        # strings from run names are text, never markup: the evil name shows, nothing runs
+        assert browser.evaluate(f"document.body.innerText.includes({json.dumps(EVIL)})")
+        assert browser.evaluate("document.querySelectorAll('img').length") == 0
+        assert browser.evaluate("window.__pwned === undefined")
+        # sorting by header clicks: params descending (the 9M run first), then ascending (the
+        # failed run's 12K first); the running job has no count and stays last both ways
+        click = "[...document.querySelectorAll('#leaderboard th')].find(t => t.dataset.key === 'params').click()"
+        first, last = ("document.querySelector('#leaderboard tbody tr:%s-child td').textContent" % end
+                       for end in ("first", "last"))
+        browser.evaluate(click)
+        assert (browser.evaluate(first), browser.evaluate(last)) == (EVIL, "sweep-quick/3-mlp-dddd")
+        browser.evaluate(click)
+        assert (browser.evaluate(first), browser.evaluate(last)) == ("2-eagle3-cccc", "sweep-quick/3-mlp-dddd")
+        # live: a run that appears is shown at the next refresh
+        make_run(runs / "sweep-quick", "4-hydra-eeee", family="hydra", speedup=1.2)
+        browser.wait_for("document.querySelectorAll('#leaderboard tbody tr').length === 6", timeout=20)
+        browser.screenshot(os.path.join(artifacts_dir(), "dashboard.png"))
+        assert browser.errors() == []
+    finally:
+        browser.close()
+    after = snapshot(runs)
+    after.pop("sweep-quick/4-hydra-eeee"), after.pop("sweep-quick/4-hydra-eeee/result.json")
+    assert after == before  # the page changed nothing on disk
