@@ -20,7 +20,9 @@ from speclab.speculator.base import Speculator
 from speclab.speculator.target import FrozenTarget
 
 from .engine import Generation, effective_draft_len, generate_plain, generate_speculative
-from .metrics import AcceptanceStats
+from .metrics import AcceptanceStats, RequestRecord, acceptance_conventions, bootstrap_ci, speedups, timing
+from .sampling import SamplingConfig
+from .tree import TreeConfig, generate_tree
 
 WARMUP_TOKENS = 8  # an untimed warm-up only needs to touch every code path once
 
@@ -33,9 +35,11 @@ class PromptResult:
     acceptance: AcceptanceStats
     peer: tuple[int, float] | None = None  # transformers' generate: (new tokens, seconds)
 
+    exact: bool = True  # greedy: outputs must match token for token; sampling: they may differ
+
     @property
-    def lossless(self) -> bool:
-        return self.speculative.tokens == self.plain.tokens
+    def lossless(self) -> bool | None:
+        return self.speculative.tokens == self.plain.tokens if self.exact else None
 
     def to_dict(self) -> dict:
         return {
@@ -57,23 +61,60 @@ def score(
     k: int,
     progress: bool = True,
     peer: bool = False,
+    sampling: SamplingConfig | None = None,
+    tree: TreeConfig | None = None,
 ) -> dict:
-    """The acceptance, throughput and lossless blocks of result.json, plus per-prompt rows.
+    """The acceptance, throughput and lossless blocks of result.json, plus per-prompt rows,
+    and the `timing`, `conventions` and `ci` blocks (metrics.py).
 
     With `peer`, transformers' own greedy `generate` joins the rotation on every prompt, and
     throughput gains `hf_generate_tok_s` and `plain_vs_hf` (the project's plain decoding
-    over transformers').
+    over transformers'). `sampling` decodes both methods by seeded sampling (then the
+    lossless check cannot compare tokens: it reports checked_prompts 0); `tree` drafts a
+    tree of that shape instead of a chain of k (k becomes the tree's depth).
     """
     if not prompts:
         raise ValueError("score needs at least one prompt")
-    k = effective_draft_len(speculator, k)
+    k = effective_draft_len(speculator, tree.depth if tree else k)
+    if tree is not None:
+        tree = TreeConfig(tree.shape, k, tree.top_k, tree.budget)
+    run = _Runner(target, speculator, max_new_tokens, k, sampling, tree)
     with _eval_mode(speculator):
-        _warm_up(target, speculator, prompts[0], min(max_new_tokens, WARMUP_TOKENS), k, peer)
+        _warm_up(run, prompts[0], peer)
         results = [
-            _score_prompt(target, speculator, prompt, max_new_tokens, k, rotation=i, peer=peer)
+            _score_prompt(run, prompt, rotation=i, peer=peer)
             for i, prompt in enumerate(tqdm(prompts, desc="score", unit="prompt", disable=not progress))
         ]
     return _summarise(results, k)
+
+
+@dataclass
+class _Runner:
+    """The decoding settings of one `score` call, so each method is one call on a prompt."""
+
+    target: FrozenTarget
+    speculator: Speculator
+    max_new_tokens: int
+    k: int
+    sampling: SamplingConfig | None = None
+    tree: TreeConfig | None = None
+
+    def plain(self, prompt: torch.Tensor, max_new: int | None = None) -> Generation:
+        return generate_plain(self.target, prompt, max_new or self.max_new_tokens, sampling=self.sampling)
+
+    def speculative(self, prompt: torch.Tensor, stats: AcceptanceStats | None = None,
+                    max_new: int | None = None) -> Generation:
+        max_new = max_new or self.max_new_tokens
+        if self.tree is not None:
+            return generate_tree(self.target, self.speculator, prompt, max_new, self.tree, stats=stats,
+                                 sampling=self.sampling)
+        # Looked up at call time so tests can swap in a corrupted engine.
+        return generate_speculative(self.target, self.speculator, prompt, max_new, self.k, stats=stats,
+                                    sampling=self.sampling)
+
+    @property
+    def exact(self) -> bool:
+        return self.sampling is None or self.sampling.mode == "greedy"
 
 
 def hf_generate_tok_s(
@@ -93,22 +134,24 @@ def hf_generate_tok_s(
     return new_tokens / seconds
 
 
-def _score_prompt(
-    target: FrozenTarget, speculator: Speculator, prompt: torch.Tensor, max_new_tokens: int, k: int,
-    rotation: int, peer: bool = False,
-) -> PromptResult:
+def _score_prompt(run: _Runner, prompt: torch.Tensor, rotation: int, peer: bool = False) -> PromptResult:
     """Runs every method once on the prompt, the order rotating from prompt to prompt."""
-    stats = AcceptanceStats(k)
+    stats = AcceptanceStats(run.k)
     methods = {
-        "plain": lambda: generate_plain(target, prompt, max_new_tokens),
-        "speculative": lambda: generate_speculative(target, speculator, prompt, max_new_tokens, k, stats=stats),
+        "plain": lambda: run.plain(prompt),
+        "speculative": lambda: run.speculative(prompt, stats),
     }
     if peer:
-        methods["peer"] = lambda: _hf_generate(target, prompt, max_new_tokens)
+        methods["peer"] = lambda: _hf_generate(run.target, prompt, run.max_new_tokens)
     names = list(methods)
     order = names[rotation % len(names):] + names[: rotation % len(names)]
     out = {name: methods[name]() for name in order}
-    return PromptResult(prompt.shape[-1], out["plain"], out["speculative"], stats, out.get("peer"))
+    return PromptResult(prompt.shape[-1], out["plain"], out["speculative"], stats, out.get("peer"), run.exact)
+
+
+def record(gen: Generation) -> RequestRecord:
+    return RequestRecord(gen.new_tokens, gen.seconds, list(gen.accepted), gen.drafted_tokens,
+                         gen.draft_seconds, gen.verify_seconds, gen.steps)
 
 
 def _summarise(results: list[PromptResult], k: int) -> dict:
@@ -121,20 +164,26 @@ def _summarise(results: list[PromptResult], k: int) -> dict:
     if all(r.peer for r in results):
         hf = sum(r.peer[0] for r in results) / sum(r.peer[1] for r in results)
         throughput.update(hf_generate_tok_s=hf, plain_vs_hf=baseline / hf)
+    spec_records, plain_records = [record(r.speculative) for r in results], [record(r.plain) for r in results]
+    throughput.update(speedups(spec_records, plain_records))
+    checked = [r for r in results if r.lossless is not None]
     return {
         "acceptance": acceptance.to_dict(),
         "throughput": throughput,
-        "lossless": {"checked_prompts": len(results), "mismatches": sum(not r.lossless for r in results)},
+        "lossless": {"checked_prompts": len(checked), "mismatches": sum(not r.lossless for r in checked)},
+        "timing": timing(spec_records),
+        "conventions": acceptance_conventions(spec_records, k),
+        "ci": bootstrap_ci(spec_records, plain_records),
         "per_prompt": [r.to_dict() for r in results],
     }
 
 
-def _warm_up(target: FrozenTarget, speculator: Speculator, prompt: torch.Tensor, max_new_tokens: int, k: int,
-             peer: bool = False) -> None:
-    generate_plain(target, prompt, max_new_tokens)
-    generate_speculative(target, speculator, prompt, max_new_tokens, k)
+def _warm_up(run: _Runner, prompt: torch.Tensor, peer: bool = False) -> None:
+    max_new = min(run.max_new_tokens, WARMUP_TOKENS)
+    run.plain(prompt, max_new)
+    run.speculative(prompt, max_new=max_new)
     if peer:
-        _hf_generate(target, prompt, max_new_tokens)
+        _hf_generate(run.target, prompt, max_new)
 
 
 def _hf_generate(target: FrozenTarget, prompt: torch.Tensor, max_new_tokens: int) -> tuple[int, float]:

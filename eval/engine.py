@@ -1,8 +1,11 @@
-"""Greedy decoding, plain and speculative, batch size 1, through `FrozenTarget`.
+"""Decoding, plain and speculative (chain here, tree in tree.py), batch size 1, through `FrozenTarget`.
 
-Both loops produce the same tokens by construction: the speculative loop only commits a draft
-the target's own argmax agrees with, plus the target's token after it. `score` in
-benchmark.py times the two against each other and checks they agree.
+Greedy: both loops produce the same tokens by construction: the speculative loop only commits
+a draft the target's own argmax agrees with, plus the target's token after it. Sampling
+(`SamplingConfig.temperature > 0`): verification is the rejection rule of kernels/verify, so
+every committed token is distributed as plain sampling's (tests/kernels checks it
+statistically); the outputs of the two differ token by token since they use their random
+numbers differently. `score` in benchmark.py times the loops against each other.
 
 The speculative loop (see speculator/base.py):
     prefill the prompt; pending = the target's first token (committed, not yet cached)
@@ -19,15 +22,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
-from speclab.kernels.verify import verify
+from speclab.kernels.verify import sample_inverse_cdf, verify
 from speclab.speculator.base import Speculator
 from speclab.speculator.target import FrozenTarget
 
 from .metrics import AcceptanceStats
+from .sampling import SamplingConfig, TokenChooser
 
 
 @dataclass
@@ -36,6 +41,10 @@ class Generation:
     seconds: float  # wall time, prefill included
     steps: int  # target forward passes, prefill included
     new_tokens: int  # len(tokens)
+    accepted: list[int] = field(default_factory=list)  # per drafting step: drafts accepted
+    drafted_tokens: int = 0  # draft tokens proposed (k per chain step, the node count per tree step)
+    draft_seconds: float = 0.0  # in the speculator (propose / extend and accept)
+    verify_seconds: float = 0.0  # in the target's verification pass and the acceptance rule
 
 
 def effective_draft_len(speculator: Speculator, k: int) -> int:
@@ -52,17 +61,19 @@ def generate_plain(
     prompt_ids: torch.Tensor,  # [1, T]
     max_new_tokens: int,
     eos_ids: Iterable[int] | None = None,
+    sampling: SamplingConfig | None = None,
 ) -> Generation:
-    """Greedy decoding, one target pass per token with the KV cache."""
+    """One target pass per token with the KV cache; greedy unless `sampling` says otherwise."""
     prompt_ids = _check_prompt(target, prompt_ids, max_new_tokens)
     stop = _stop_ids(target, eos_ids)
+    chooser = TokenChooser(sampling)
     start = time.perf_counter()
     cache = target.new_cache()
     logits = target(prompt_ids, cache, logits_for="last").logits  # [1, 1, V]
     tokens: list[int] = []
     steps = 1
     while True:
-        next_token = logits[:, -1].argmax(dim=-1, keepdim=True)  # [1, 1]
+        next_token = chooser.choose(logits[:, -1])  # [1, 1]
         tokens.append(next_token.item())
         if tokens[-1] in stop or len(tokens) >= max_new_tokens:
             break
@@ -80,34 +91,45 @@ def generate_speculative(
     k: int,
     eos_ids: Iterable[int] | None = None,
     stats: AcceptanceStats | None = None,
+    sampling: SamplingConfig | None = None,
 ) -> Generation:
-    """Greedy speculative decoding; its tokens equal `generate_plain`'s token for token.
+    """Chain speculative decoding; greedy output equals `generate_plain`'s token for token.
 
     k is capped at `speculator.max_draft_len()`; `stats`, when given, must be built for that
-    capped k and receives one `update(n_accepted)` per drafting step.
+    capped k and receives one `update(n_accepted)` per drafting step. With sampling, q is
+    one-hot on `propose`'s deterministic drafts, or the draft's own distribution when
+    `sampling.drafts == "sample"` (sampling.py).
     """
     prompt_ids = _check_prompt(target, prompt_ids, max_new_tokens)
     k = effective_draft_len(speculator, k)
     if stats is not None and stats.k != k:
         raise ValueError(f"stats were built for k={stats.k} but this run drafts k={k} per step")
     stop = _stop_ids(target, eos_ids)
+    chooser = TokenChooser(sampling)
+    gen = Generation([], 0.0, 1, 0)
     start = time.perf_counter()
     cache = target.new_cache()
     layer_ids = speculator.target_layer_ids
     prefill = target(prompt_ids, cache, layer_ids, logits_for="last")  # logits [1, 1, V], hidden [1, T, H]
+    clock = time.perf_counter()
     state = speculator.start(prompt_ids, prefill.hidden, stack_layers(prefill, layer_ids))
-    pending = prefill.logits[:, -1].argmax(dim=-1, keepdim=True)  # [1, 1]
+    gen.draft_seconds += _lap(target, clock)
+    pending = chooser.choose(prefill.logits[:, -1])  # [1, 1]
     tokens = [pending.item()]
-    steps = 1
     while tokens[-1] not in stop and len(tokens) < max_new_tokens:
-        drafts, _ = speculator.propose(state, pending, k)  # [1, k]
+        clock = time.perf_counter()
+        drafts, q = _draft_chain(speculator, state, pending, k, chooser, target.vocab_size)  # [1, k], [1, k, V]
         _check_drafts(speculator, drafts, k)
+        gen.draft_seconds += _lap(target, clock)
+        clock = time.perf_counter()
         out = target(torch.cat([pending, drafts], dim=1), cache, layer_ids, logits_for="all")  # logits [1, k+1, V]
-        steps += 1
-        # Greedy acceptance reads no draft probabilities.
-        n_accepted, next_token = verify(drafts, None, out.logits)  # [1], [1]
+        gen.steps += 1
+        n_accepted, next_token = _verify_chain(chooser, drafts, q, out.logits)  # [1], [1]
         # The step's one host sync: n, the drafts and the next token in a single transfer.
         n, *drafted, next_id = torch.cat([n_accepted, drafts[0], next_token]).tolist()
+        gen.verify_seconds += time.perf_counter() - clock
+        gen.accepted.append(n)
+        gen.drafted_tokens += k
         if stats is not None:
             stats.update(n)
         committed = drafted[:n] + [next_id]
@@ -115,12 +137,50 @@ def generate_speculative(
         if len(tokens) >= max_new_tokens or not stop.isdisjoint(committed):
             break  # done: skip the cache and speculator updates nobody will read
         FrozenTarget.rollback(cache, k - n)  # the cache keeps pending, d_1..d_n
+        clock = time.perf_counter()
         layers = stack_layers(out, layer_ids)
         speculator.accept(state, torch.cat([pending, drafts[:, :n]], dim=1), out.hidden[:, : n + 1],
                           None if layers is None else layers[:, : n + 1])
+        gen.draft_seconds += _lap(target, clock)
         pending = next_token.view(1, 1)
-    tokens = _truncate(tokens, stop, max_new_tokens)
-    return Generation(tokens, time.perf_counter() - start, steps, len(tokens))
+    gen.tokens = _truncate(tokens, stop, max_new_tokens)
+    gen.new_tokens, gen.seconds = len(gen.tokens), time.perf_counter() - start
+    return gen
+
+
+def _draft_chain(speculator: Speculator, state, pending: torch.Tensor, k: int, chooser: TokenChooser,
+                 vocab: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """k drafts [1, k] and their distributions q [1, k, V] (None when greedy: unused)."""
+    if chooser.mode == "greedy" or chooser.config.drafts == "argmax":
+        drafts, _ = speculator.propose(state, pending, k)  # [1, k]
+        # Deterministic drafts: q is a point mass on each.
+        return drafts, None if chooser.mode == "greedy" else F.one_hot(drafts, vocab).float()
+    tokens: list[int] = []
+    qs = []
+    for d in range(k):
+        path = torch.tensor([tokens], dtype=torch.long, device=pending.device).view(1, d)
+        draft_logits = speculator.extend(state, pending, path)  # [1, N] over the draft vocabulary
+        full = draft_logits.new_full((1, vocab), float("-inf"))
+        full[:, speculator.vocab.ids.to(full.device)] = draft_logits.float()  # [1, V]: -inf off the draft vocabulary
+        q = torch.softmax(chooser.warp(full), dim=-1)  # [1, V], warped as the target is
+        tokens.append(int(sample_inverse_cdf(q, chooser.randoms(1, q.device)[:, 0])))
+        qs.append(q)
+    return torch.tensor([tokens], device=pending.device), torch.stack(qs, dim=1)
+
+
+def _verify_chain(chooser: TokenChooser, drafts: torch.Tensor, q: torch.Tensor | None, logits: torch.Tensor):
+    """drafts [1, k], q [1, k, V], target logits [1, k+1, V] -> (n_accepted [1], next_token [1])."""
+    if chooser.mode == "greedy":
+        return verify(drafts, None, logits)  # greedy acceptance reads no draft probabilities
+    randoms = chooser.randoms(drafts.shape[1] + 1, logits.device)  # [1, k+1]
+    return verify(drafts, q, chooser.warp(logits), mode="sample", randoms=randoms)
+
+
+def _lap(target: FrozenTarget, since: float) -> float:
+    """Seconds since `since`, after queued GPU work is done (the clock must include it)."""
+    if target.device.type == "cuda":
+        torch.cuda.synchronize(target.device)
+    return time.perf_counter() - since
 
 
 def stack_layers(out, layer_ids: tuple[int, ...]) -> torch.Tensor | None:

@@ -46,6 +46,8 @@ def add_parser(commands) -> argparse.ArgumentParser:
     bench.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1: off)")
     bench.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0: off)")
     bench.add_argument("--seed", type=int, default=0, help="seed of every sampled run")
+    bench.add_argument("--drafts", choices=("argmax", "sample"), default="argmax",
+                       help="sampling only: chain drafts by argmax (q one-hot) or drawn from the draft's distribution")
     bench.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     bench.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples for the intervals")
     bench.add_argument("--json", dest="json_out", type=Path, default=None, metavar="OUT", help="write the report here")
@@ -92,7 +94,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     with user_errors():  # everything a user can get wrong fails here, before the timing starts
         check_args(args)
-        sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
+        sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed, args.drafts)
         checkpoints = [find_speculator_checkpoint(p) for p in args.speculator]
         assistant_dir = find_speculator_checkpoint(args.assistant) if args.assistant else None
         target_config = recorded_target_config((checkpoints or [assistant_dir])[0], args.overrides)

@@ -29,7 +29,6 @@ from .results import find_speculator_checkpoint, write_json_atomic
 from .table import format_lossless, format_number, format_per_position, format_speedup, format_table
 
 DEFAULT_RUNS_DIR = "runs"
-NOT_YET_AVAILABLE: tuple[str, ...] = ()
 # `speclab eval` instantiates the checkpoint's recorded target config: only target builders
 # from this module may be named there, since a config file must not run arbitrary code.
 TARGET_BUILDERS_MODULE = "speclab.speculator.targets"
@@ -97,8 +96,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_sweep(argv[1:])
         if argv[:1] == ["train"]:  # Hydra parses its own arguments
             return run_train(argv[1:])
-        if argv[:1] and argv[0] in NOT_YET_AVAILABLE:
-            raise CliError(f"`speclab {argv[0]}` is not yet available")
         try:
             args, extra = build_parser().parse_known_args(argv)
         except SystemExit as exc:  # --help, or a usage error already printed
@@ -122,12 +119,7 @@ def _is_override(arg: str) -> bool:
 
 def run_train(hydra_args: list[str]) -> int:
     """Hand the arguments to the Hydra `train` entry, which reads them from sys.argv."""
-    try:
-        train = importlib.import_module("speclab.sweeps.train")
-    except ModuleNotFoundError as exc:
-        if exc.name != "speclab.sweeps.train":
-            raise
-        raise CliError("`speclab train` is not yet available") from exc
+    train = importlib.import_module("speclab.sweeps.train")
     saved = sys.argv
     sys.argv = ["speclab-train", *hydra_args]
     try:

@@ -202,22 +202,8 @@ def find_speculator_checkpoint(path: str | Path) -> Path:
 
 
 def weights_sha256(state_dict: Mapping[str, Any]) -> str:
-    """sha256 over a state dict: each tensor's name, dtype, shape and raw bytes, by sorted name.
+    """sha256 of a state dict (see speclab.speculator.digest)."""
+    # Imported here, so that `speclab runs` does not pay torch's import time.
+    from speclab.speculator.digest import weights_sha256 as digest
 
-    Equal for the model in memory and for the same weights reloaded from safetensors, so
-    an export can prove it ships the weights that were measured.
-    """
-    import torch  # here, so that `speclab runs` does not pay torch's import time
-
-    digest = hashlib.sha256()
-    for name in sorted(state_dict):
-        tensor = state_dict[name]
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"state_dict[{name!r}] is a {type(tensor).__name__}, not a tensor")
-        flat = tensor.detach().cpu().contiguous().reshape(-1)
-        # Viewing as bytes works for every dtype, bf16 included (numpy has no bf16).
-        raw = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
-        header = f"{name}|{str(tensor.dtype).removeprefix('torch.')}|{list(tensor.shape)}|{len(raw)}"
-        digest.update(header.encode())
-        digest.update(raw)
-    return digest.hexdigest()
+    return digest(state_dict)

@@ -208,13 +208,3 @@ def final_weights(root: Path) -> dict[str, torch.Tensor]:
     return newest["model"]
 
 
-def weights_digest(state_dict: dict[str, torch.Tensor]) -> str:
-    """sha256 of a state dict, the definition of `speclab.sweeps.results.weights_sha256`
-    (repeated here because training must not import sweeps; a test asserts they agree)."""
-    digest = hashlib.sha256()
-    for name in sorted(state_dict):
-        flat = state_dict[name].detach().cpu().contiguous().reshape(-1)
-        raw = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
-        digest.update(f"{name}|{str(flat.dtype).removeprefix('torch.')}|{list(state_dict[name].shape)}|{len(raw)}".encode())
-        digest.update(raw)
-    return digest.hexdigest()

@@ -29,7 +29,9 @@ from omegaconf import OmegaConf
 from speclab.speculator.base import TargetInfo, build_speculator
 from speclab.speculator.targets import tiny_llama
 
-from .checkpoint import CheckpointConfig, CheckpointStore, weights_digest
+from speclab.speculator.digest import weights_sha256
+
+from .checkpoint import CheckpointConfig, CheckpointStore
 from .features import FeatureDataset, assistant_token_counts, build_feature_store
 from .supervisor import CHECKPOINTS, Outcome, SupervisorConfig, supervise
 from .train import fit
@@ -81,7 +83,7 @@ def run_tiny(config: dict, run_dir: Path, cache_dir: Path) -> Outcome:
                         SupervisorConfig(**config["training"]["supervisor"]))
     if outcome.status == "completed":
         final = CheckpointStore(run_dir / CHECKPOINTS, CheckpointConfig()).load_latest()
-        outcome.train["final_weights_sha256"] = weights_digest(final["model"])
+        outcome.train["final_weights_sha256"] = weights_sha256(final["model"])
     return outcome
 
 

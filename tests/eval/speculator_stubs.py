@@ -57,6 +57,21 @@ class ScriptedSpeculator(Speculator):
         tokens = torch.tensor([drafts], device=pending.device)  # [1, k]
         return tokens, F.one_hot(tokens, self.target_info.vocab_size).float()  # [1, k], [1, k, V]
 
+    def extend(self, state: ScriptState, pending: torch.Tensor, paths: torch.Tensor) -> torch.Tensor:
+        """Logits [M, V] after each path. On the reference path the target's token and the
+        wrong one (right + 1) get the top two logits, in the order `is_right` says, so a tree
+        with two children per node always holds the target's token; off it, anything."""
+        assert pending.shape == (1, 1) and pending.item() == state.reference[state.position]
+        M, d = paths.shape
+        V = self.target_info.vocab_size
+        logits = torch.zeros(M, V)
+        ahead = state.reference[state.position + 1 : state.position + 1 + d]
+        for m, path in enumerate(paths.tolist()):
+            right = state.reference[state.position + 1 + d] if path == ahead else (path[-1] if path else 0)
+            best, second = (right, (right + 1) % V) if self.is_right(d) else ((right + 1) % V, right)
+            logits[m, best], logits[m, second] = 3.0, 2.0
+        return logits.to(pending.device)
+
     def accept(self, state: ScriptState, committed: torch.Tensor, hidden: torch.Tensor, layers=None) -> None:
         n_plus_1 = committed.shape[1]
         assert hidden.shape[:2] == committed.shape

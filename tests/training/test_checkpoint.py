@@ -10,10 +10,9 @@ import textwrap
 import pytest
 import torch
 
-from speclab.sweeps.results import weights_sha256
 from speclab.training import checkpoint as ck
 from speclab.training.checkpoint import (MARKER, CheckpointConfig, CheckpointStore, CheckpointWriteError,
-                                         complete_steps, step_dir_name, weights_digest)
+                                         complete_steps, step_dir_name)
 from speclab.training.faults import corrupt_newest_checkpoint
 
 
@@ -130,11 +129,3 @@ def test_read_only_checkpoint_directory_fails_loudly_and_keeps_the_last_good_che
     for p in [s.root, *s.root.rglob("*")]:
         p.chmod(0o755 if p.is_dir() else 0o644)
     assert complete_steps(s.root) == [1] and s.load_latest()["step"] == 1
-
-
-def test_weights_digest_is_the_results_weights_sha256():
-    sd = {"b": torch.randn(3, 4), "a": torch.arange(5), "h": torch.ones(2, dtype=torch.bfloat16)}
-    assert weights_digest(sd) == weights_sha256(sd)
-    before = weights_digest(sd)
-    sd["b"][0, 0] += 1
-    assert weights_digest(sd) == weights_sha256(sd) != before
