@@ -45,7 +45,24 @@ def _rss_mb() -> float:
         return int(f.read().split()[1]) * resource.getpagesize() / 2**20
 
 
+def _reset_peak_rss() -> None:
+    """Restart the kernel's high-water mark (VmHWM) at the current RSS, so a peak read after
+    an op is the op's own, also in a process that peaked earlier (Linux >= 4.0)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass  # not Linux, or not allowed: the lifetime peak (ru_maxrss) is all there is
+
+
 def _peak_rss_mb() -> float:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # KiB
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
@@ -107,6 +124,7 @@ def measure_child(op: str, variant: str, sizes: list[int], device: str) -> Measu
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
     else:
+        _reset_peak_rss()
         base = _rss_mb()
     start = time.perf_counter()
     call()
@@ -156,7 +174,9 @@ def print_table(rows: list[Measurement]) -> None:
     for r in rows:
         naive = by_key.get((r.op, r.shape, "naive"))
         if r.variant != "naive" and naive and r.time_s and naive.time_s:
-            print(f"{r.op} {r.shape}: {r.variant} / naive = {r.peak_mb / naive.peak_mb:.3f} peak memory, "
+            # A tiny op can add no measurable RSS (peak 0 MB): no ratio then.
+            memory = f"{r.peak_mb / naive.peak_mb:.3f}" if naive.peak_mb else "n/a"
+            print(f"{r.op} {r.shape}: {r.variant} / naive = {memory} peak memory, "
                   f"{r.time_s / naive.time_s:.2f}x time")
 
 

@@ -5,4 +5,11 @@ seconds to every training run, so it is disabled unless a test turns it back on
 
 import os
 
+import torch
+
 os.environ.setdefault("WANDB_MODE", "disabled")
+# Triton kernels run on CPU only through its interpreter, which triton reads when a kernel
+# is decorated, i.e. when its module is first imported: set it before any test module can
+# import one (tests/kernels/conftest.py explains; on CUDA the compiled kernels run).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
