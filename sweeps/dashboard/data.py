@@ -36,11 +36,10 @@ def state(root: Path) -> dict:
 def run_entry(root: Path, row: dict) -> dict:
     result = row["result"]
     train = result.get("train") if isinstance(result.get("train"), dict) else {}
-    throughput = result.get("throughput") if isinstance(result.get("throughput"), dict) else {}
     return {
         "run_dir": row["run_dir"], "run_id": str(row["run_id"]), "status": str(row["status"]),
         "error": row["error"], "family": row["family"], "params": _num(row["params"]),
-        "draft_ms_per_token": _num(draft_ms(throughput)), "acceptance_length": _num(row["acceptance_length"]),
+        "draft_ms_per_token": _num(draft_ms(result)), "acceptance_length": _num(row["acceptance_length"]),
         "acceptance_rate": _num(row["acceptance_rate"]), "per_position": [_num(x) for x in row["per_position"]],
         "speedup": _num(row["speedup"]), "spec_tok_s": _num(row["spec_tok_s"]),
         "baseline_tok_s": _num(row["baseline_tok_s"]), "checked_prompts": row["checked_prompts"],
@@ -60,12 +59,10 @@ def live_entry(root: Path, run_dir: Path) -> dict:
             "loss": thin(read_live_loss(run_dir)), "events": []}
 
 
-def draft_ms(throughput: dict) -> Any:
-    """The draft's measured cost per proposed token, under whichever key eval recorded it."""
-    for key, value in throughput.items():
-        if "draft" in key and "ms" in key:
-            return value
-    return None
+def draft_ms(result: dict) -> Any:
+    """The draft's measured cost per drafted token (result.json's `timing` block)."""
+    timing = result.get("timing")
+    return timing.get("draft_ms_per_token") if isinstance(timing, dict) else None
 
 
 def events(train: dict) -> list[dict]:

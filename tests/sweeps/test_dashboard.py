@@ -24,7 +24,7 @@ def add_training(run_dir, losses, rollbacks=(), restarts=()):
                            rollback_log=[{"step": s + 3, "onset": s, "target": t, "reason": "spike"} for s, t in rollbacks],
                            attempts=[{"attempt": 0, "status": "failed"}] + [{"attempt": i + 1, "resumed_from": r}
                                                                             for i, r in enumerate(restarts)])
-    result["throughput"]["draft_ms_per_token"] = 1.5
+    result["timing"] = {"draft_ms_per_token": 1.5}
     write_result(run_dir, result)
 
 
