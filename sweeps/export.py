@@ -21,7 +21,7 @@ from speclab.speculator.base import Speculator, TargetInfo, load_speculator, spe
 
 from .export_formats import write_layout
 from .index import best, metric_value
-from .results import (EXPORT_MANIFEST, RESULT_FILE, SHARED_DIR_MODE, SPECULATOR_FILES,
+from .results import (EXPORT_MANIFEST, RESULT_FILE, SHARED_DIR_MODE, SHARED_FILE_MODE, SPECULATOR_FILES,
                       is_speculator_checkpoint, weights_sha256, write_json_atomic)
 from .table import format_number, format_params, format_per_position, format_speedup
 
@@ -113,6 +113,8 @@ def replace_dir(out_dir: Path, fill: Callable[[Path], None]) -> Path:
     try:
         tmp.chmod(SHARED_DIR_MODE)
         fill(tmp)
+        for written in tmp.iterdir():  # safetensors writes owner-only files; a server reads them
+            written.chmod(SHARED_FILE_MODE)
         if out_dir.exists():
             old = Path(f"{tmp}.old")
             os.replace(out_dir, old)

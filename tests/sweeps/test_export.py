@@ -60,6 +60,7 @@ def test_export_copies_the_best_runs_speculator_result_and_card(tmp_path, runs):
     manifest = json.loads((out / "export.json").read_text())
     assert manifest["run_id"] == "fast" and manifest["metric"] == "speedup" and manifest["value"] == 1.7
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp dirs left
+    assert all(p.stat().st_mode & 0o044 == 0o044 for p in out.iterdir())  # a serving user can read it
 
 
 def test_export_by_acceptance_length_picks_another_run(tmp_path, runs):
