@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .base import Features, Speculator, TargetInfo, register
-from .layers import FrozenTargetTensor, LastHidden, OutputHeads, ResBlock, compute_dtype
+from .layers import HeadsOnLastHidden, FrozenTargetTensor, LastHidden, OutputHeads, ResBlock, compute_dtype
 
 
 @dataclass
@@ -39,7 +39,7 @@ class HydraConfig:
 
 
 @register
-class HydraSpeculator(Speculator):
+class HydraSpeculator(HeadsOnLastHidden, Speculator):
     family = "hydra"
     Config = HydraConfig
     shift = 1
@@ -68,19 +68,10 @@ class HydraSpeculator(Speculator):
             out[:, i, :span] = self._head(i, h[:, :span], [e[:, 1 + j : 1 + j + span] for j in range(i + 1)])
         return out
 
-    def draft_head(self, p: int, states: torch.Tensor) -> torch.Tensor:
-        return self.out(p, states)
-
-    def draft_head_weight(self, p: int) -> torch.Tensor:
-        return self.out.weight(p)
-
     # --- inference ----------------------------------------------------------------
 
     def max_draft_len(self) -> int:
         return self.config.num_heads
-
-    def start(self, prompt_ids: torch.Tensor, prompt_hidden: torch.Tensor, layers=None) -> LastHidden:
-        return LastHidden(hidden=prompt_hidden[:, -1])
 
     @torch.no_grad()
     def propose(self, state: LastHidden, pending: torch.Tensor, k: int):

@@ -246,3 +246,17 @@ class LastHidden:
     """Inference state of families that read only the target's latest feature."""
 
     hidden: torch.Tensor  # [1, H] the target's last hidden state at the last committed position
+
+
+class HeadsOnLastHidden:
+    """Mixin for families whose step p ends in `self.out` (OutputHeads) and whose decoding state
+    is the target's last feature (medusa, hydra, lstm): one definition of what they share."""
+
+    def draft_head(self, p: int, states: torch.Tensor) -> torch.Tensor:
+        return self.out(p, states)
+
+    def draft_head_weight(self, p: int) -> torch.Tensor:
+        return self.out.weight(p)
+
+    def start(self, prompt_ids: torch.Tensor, prompt_hidden: torch.Tensor, layers=None) -> LastHidden:
+        return LastHidden(hidden=prompt_hidden[:, -1])

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from .base import Features, Speculator, TargetInfo, register
-from .layers import LastHidden, OutputHeads, compute_dtype
+from .layers import HeadsOnLastHidden, LastHidden, OutputHeads, compute_dtype
 
 
 @dataclass
@@ -39,7 +39,7 @@ class LSTMConfig:
 
 
 @register
-class LSTMSpeculator(Speculator):
+class LSTMSpeculator(HeadsOnLastHidden, Speculator):
     family = "lstm"
     Config = LSTMConfig
     shift = 1
@@ -79,19 +79,10 @@ class LSTMSpeculator(Speculator):
             out[:, i, :span] = s
         return out
 
-    def draft_head(self, p: int, states: torch.Tensor) -> torch.Tensor:
-        return self.out(p, states)
-
-    def draft_head_weight(self, p: int) -> torch.Tensor:
-        return self.out.weight(p)
-
     # --- inference ----------------------------------------------------------------
 
     def max_draft_len(self) -> int:
         return self.config.n_predict
-
-    def start(self, prompt_ids: torch.Tensor, prompt_hidden: torch.Tensor, layers=None) -> LastHidden:
-        return LastHidden(hidden=prompt_hidden[:, -1])
 
     @torch.no_grad()
     def propose(self, state: LastHidden, pending: torch.Tensor, k: int):

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from .base import Features, Speculator, TargetInfo, register
-from .layers import LastHidden, OutputHeads, ResBlock, compute_dtype, maybe_proj
+from .layers import HeadsOnLastHidden, LastHidden, OutputHeads, ResBlock, compute_dtype, maybe_proj
 
 
 @dataclass
@@ -39,7 +39,7 @@ class MedusaConfig:
 
 
 @register
-class MedusaSpeculator(Speculator):
+class MedusaSpeculator(HeadsOnLastHidden, Speculator):
     family = "medusa"
     Config = MedusaConfig
     shift = 1
@@ -62,19 +62,10 @@ class MedusaSpeculator(Speculator):
         h = feats.hidden.to(compute_dtype(self))
         return torch.stack([head(h) for head in self.heads], 1)
 
-    def draft_head(self, p: int, states: torch.Tensor) -> torch.Tensor:
-        return self.out(p, states)
-
-    def draft_head_weight(self, p: int) -> torch.Tensor:
-        return self.out.weight(p)
-
     # --- inference ----------------------------------------------------------------
 
     def max_draft_len(self) -> int:
         return self.config.num_heads
-
-    def start(self, prompt_ids: torch.Tensor, prompt_hidden: torch.Tensor, layers=None) -> LastHidden:
-        return LastHidden(hidden=prompt_hidden[:, -1])
 
     @torch.no_grad()
     def propose(self, state: LastHidden, pending: torch.Tensor, k: int):
