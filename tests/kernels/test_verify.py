@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from speclab.kernels.verify import VALID_MODES, reference, verify, verify_greedy, verify_sample, warp_logits
+from stat_checks import chi2_pvalue  # tests/stat_checks.py, shared with the eval tests
 
 VOCAB = 11
 
@@ -109,20 +110,6 @@ def committed_at(position: int, n_acc, next_token, drafts) -> tuple[torch.Tensor
     has = n_acc >= position  # a step commits n + 1 tokens
     token = torch.where(n_acc > position, drafts[:, min(position, drafts.shape[1] - 1)], next_token)
     return has, token[has]
-
-
-def chi2_pvalue(tokens: torch.Tensor, probs: torch.Tensor) -> float:
-    """Pearson's chi-squared goodness of fit of `tokens` to `probs`; zero-probability tokens must not occur."""
-    counts = torch.bincount(tokens, minlength=probs.numel()).double()
-    support = probs > 0
-    if counts[~support].sum() > 0:
-        return 0.0
-    expected = probs[support].double() / probs[support].double().sum() * counts.sum()
-    statistic = ((counts[support] - expected) ** 2 / expected).sum()
-    # The chi-squared survival function with df = support - 1 is the regularised upper gamma.
-    df = torch.tensor(support.sum().item() - 1.0, dtype=torch.float64)
-    return float(torch.special.gammaincc(df / 2, statistic / 2))
-
 
 # 40k rows: a wrong rule below shifts some token's probability by >= 0.02, which at this
 # size is a chi-squared statistic in the hundreds (p < 1e-20), while the correct rule passes
