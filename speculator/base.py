@@ -144,7 +144,9 @@ class Speculator(nn.Module):
             if not mask.any():
                 continue
             weight = self.draft_head_weight(p)  # [V', D] or None
-            if fused is not None and weight is not None and head is not None:
+            fuses = getattr(objective, "fuses", None)
+            if (fused is not None and weight is not None and head is not None
+                    and (fuses is None or fuses(int(mask.sum()), weight.shape[0], states.device))):
                 per_row, draft_arg, target_arg = fused(
                     states[:, p, :span][mask], weight, feats.hidden[:, lo:][mask],
                     head if target_rows is None else target_rows)  # [N] each

@@ -4,6 +4,7 @@ fused with the heads, from hidden states (speclab.kernels.distill_loss) without 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +30,9 @@ def ce_on_argmax(draft_logits: torch.Tensor, target_logits: torch.Tensor) -> tor
     return F.cross_entropy(draft_logits.float(), target_logits.argmax(-1), reduction="none")
 
 
+FUSE_MIN_LOGITS = 1 << 26  # [N, V] fp32 logits of 256 MB (e.g. N=1,366 at V=49,152): fuse on CPU from here
+
+
 @dataclass(frozen=True)
 class VocabObjective:
     """An objective over the vocabulary that can also be fused with the heads.
@@ -40,6 +44,20 @@ class VocabObjective:
 
     kind: DistillKind
     """"kl": forward KL to the target's distribution; "ce": cross-entropy on its argmax."""
+    fuse: Literal["auto", "always", "never"] = "auto"
+    """When `Speculator.loss` takes the fused path: "auto" (see `fuses`), "always", "never"."""
+
+    def fuses(self, rows: int, vocab: int, device: torch.device) -> bool:
+        """Whether the fused path pays for `rows` x `vocab` logits on `device`.
+
+        On CUDA the Triton kernel is as fast as the unfused path and never builds the
+        logits. The CPU path is the chunked torch reference, which recomputes each chunk in
+        the backward pass: 1.25x the unfused time at N=512, V=8,192 (speclab.kernels.bench).
+        So on CPU it is taken only where the logits would be big enough for memory to matter.
+        """
+        if self.fuse != "auto":
+            return self.fuse == "always"
+        return device.type == "cuda" or rows * vocab >= FUSE_MIN_LOGITS
 
     def __call__(self, draft_logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
         return (forward_kl if self.kind == "kl" else ce_on_argmax)(draft_logits, target_logits)
@@ -50,10 +68,13 @@ class VocabObjective:
         return tuple(distill_loss(draft_hidden, draft_weight, target_hidden, target_weight, self.kind))
 
 
-OBJECTIVES: dict[str, Objective] = {"kl": VocabObjective("kl"), "ce": VocabObjective("ce")}
+OBJECTIVES = ("ce", "kl")
+FUSE_CHOICES = ("always", "auto", "never")
 
 
-def objective(name: str) -> Objective:
+def objective(name: str, fuse: str = "auto") -> Objective:
     if name not in OBJECTIVES:
-        raise ValueError(f"unknown training objective {name!r}; valid: {sorted(OBJECTIVES)}")
-    return OBJECTIVES[name]
+        raise ValueError(f"unknown training objective {name!r}; valid: {list(OBJECTIVES)}")
+    if fuse not in FUSE_CHOICES:
+        raise ValueError(f"unknown training.fused_loss {fuse!r}; valid: {list(FUSE_CHOICES)}")
+    return VocabObjective(name, fuse)

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import lightning as L
+from lightning.pytorch.callbacks import TQDMProgressBar
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
@@ -49,7 +50,7 @@ def fit(speculator: Speculator, target: FrozenTarget, dataset: FeatureDataset, c
     watchdog = Watchdog(WatchdogConfig(**_plain(cfg.watchdog)), run_dir / WATCHDOG_FILE)
     injector = FaultInjector(FaultConfig(**_plain(faults or {})), run_dir, store.root, cfg.accumulate_grad_batches)
     total = total_steps(cfg, len(dataset))
-    module = SpeculatorModule(speculator, target, objective(cfg.objective), instantiate(cfg.optimizer),
+    module = SpeculatorModule(speculator, target, objective(cfg.objective, cfg.fused_loss), instantiate(cfg.optimizer),
                               cfg.warmup_steps, total, online=cfg.features == "online")
     heartbeat = Heartbeat(run_dir)
     while True:
@@ -99,6 +100,9 @@ def roll_back(trip, store: CheckpointStore, watchdog: Watchdog, trip_position: d
 
 
 def build_trainer(cfg, steps: int, callbacks: list, target: FrozenTarget, run_dir: Path, config, progress: bool) -> L.Trainer:
+    # The budget is in steps (max_epochs=-1): tqdm's bar shows "Epoch N" without a total,
+    # where Lightning's rich bar would print "Epoch N/-2".
+    callbacks = [*callbacks, TQDMProgressBar()] if progress else callbacks
     return L.Trainer(
         max_steps=steps, max_epochs=-1, accelerator="cuda" if target.device.type == "cuda" else "cpu",
         devices=cfg.get("devices", 1), strategy=cfg.get("strategy", "auto"),  # DDP across GPUs within a run

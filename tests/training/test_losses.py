@@ -70,7 +70,7 @@ def test_fused_loss_matches_the_unfused_path_on_the_tiny_target(target, case, ki
 
     fused_calls = []
     obj = objective(kind)
-    fused = type(obj)(kind)
+    fused = type(obj)(kind, fuse="always")  # these shapes are far below the CPU's "auto" threshold
     object.__setattr__(fused, "fused", lambda *a: fused_calls.append(1) or obj.fused(*a))
     results = []
     for chosen in (fused, lambda d, t: obj(d, t)):  # the lambda has no .fused: today's path
@@ -89,6 +89,31 @@ def test_fused_loss_matches_the_unfused_path_on_the_tiny_target(target, case, ki
     assert grad_f.keys() == grad_u.keys()
     for name in grad_f:
         torch.testing.assert_close(grad_f[name], grad_u[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_auto_fuses_on_cuda_or_where_the_logits_would_be_big():
+    from speclab.training.losses import FUSE_MIN_LOGITS
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    auto = objective("kl")
+    assert not auto.fuses(512, 8192, cpu)  # the demo's shapes: the unfused path is faster on CPU
+    assert auto.fuses(FUSE_MIN_LOGITS // 49152 + 1, 49152, cpu)
+    assert auto.fuses(1, 8, cuda)
+    assert objective("kl", "always").fuses(1, 8, cpu) and not objective("kl", "never").fuses(10**6, 10**6, cuda)
+    with pytest.raises(ValueError, match="fused_loss"):
+        objective("kl", "sometimes")
+
+
+def test_auto_takes_the_unfused_path_for_small_cpu_shapes(target):
+    from speclab.speculator.base import TargetInfo, build_speculator
+
+    spec = build_speculator("mlp", FUSED_CASES["mlp"], TargetInfo.of(target))
+    calls = []
+    auto = objective("kl")
+    object.__setattr__(auto, "fused", lambda *a: calls.append(1) or objective("kl").fused(*a))
+    head = lambda hidden, columns: torch.nn.functional.linear(hidden, target.lm_head_weight).float()  # noqa: E731
+    spec.loss(_features(target), auto, head)
+    assert not calls
 
 
 def test_objectives_are_plain_callables_too():
