@@ -24,12 +24,31 @@ WANDB_MODES = ("offline", "online", "disabled")
 
 
 def build_loggers(run_dir: Path, cfg=None) -> list[Logger]:
-    """CSV metrics in run_dir/logs/metrics.csv; a WandbLogger unless cfg.wandb.mode is disabled."""
+    """CSV metrics in run_dir/logs/metrics.csv; a WandbLogger unless cfg.wandb.mode is disabled.
+
+    Each training segment (a restarted attempt, or the loop after a rollback) builds new
+    loggers, and Lightning's CSV logger starts its file afresh: the earlier segment's
+    metrics.csv is kept first as metrics.segment-N.csv (N = 1, 2, ... in order).
+    """
+    keep_csv_segment(Path(run_dir) / "logs")
     loggers: list[Logger] = [CSVLogger(run_dir, name="logs", version="")]
     settings = wandb_settings(cfg)
     if settings["mode"] != "disabled":
         loggers.append(wandb_logger(Path(run_dir), settings, _plain(cfg)))
     return loggers
+
+
+def keep_csv_segment(logs: Path) -> Path | None:
+    """Move an existing logs/metrics.csv aside to the next free metrics.segment-N.csv."""
+    current = logs / "metrics.csv"
+    if not current.exists():
+        return None
+    n = 1
+    while (logs / f"metrics.segment-{n}.csv").exists():
+        n += 1
+    kept = logs / f"metrics.segment-{n}.csv"
+    current.rename(kept)
+    return kept
 
 
 def wandb_settings(cfg) -> dict:

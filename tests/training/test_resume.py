@@ -18,6 +18,13 @@ COMMON = [f"training.max_steps={STEPS}", "training.accumulate_grad_batches=2", "
           "training.supervisor.heartbeat_timeout_s=4"]
 
 
+def csv_steps(path) -> list[int]:
+    """The `step` column of a Lightning CSV log."""
+    header, *rows = path.read_text().splitlines()
+    column = header.split(",").index("step")
+    return [int(row.split(",")[column]) for row in rows]
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("resume")
@@ -57,6 +64,10 @@ def test_a_hardware_fault_resumes_bitwise_equal(runs, kind, step, micro):
     assert t["tokens"] == clean["tokens"]
     failed = t["attempts"][0]
     assert failed["status"] == "retryable" and failed["fault_to_resumed_s"] > 0
+    # logs/metrics.csv starts afresh in each attempt; the failed attempt's rows are kept aside
+    logs = runs.root / f"{kind}-{step}-{micro}" / "logs"
+    first, second = (csv_steps(logs / name) for name in ("metrics.segment-1.csv", "metrics.csv"))
+    assert min(second) == t["attempts"][1]["resumed_from"] and set(first) | set(second) == set(range(STEPS))
     assert t["attempts"][1]["resumed_from"] == (3 if kind == "corrupt_checkpoint" else (step - 1) // 3 * 3)
 
 
