@@ -5,7 +5,7 @@
 For each (kind, step) it runs one supervised training (child processes, restarts,
 rollbacks, as a real run has them) and compares it with an uninterrupted run of the same
 config: the final weights' sha256 and the per-step losses (bitwise for hardware faults;
-spike and nan runs skip data, so they differ by design and count as recovered when they
+spike and nan_loss runs skip data, so they differ by design and count as recovered when they
 complete). It also counts the watchdog's false trips over clean runs of several seeds.
 
 The data is synthetic (random token sequences through the tiny target, features cached
@@ -37,7 +37,7 @@ from .supervisor import CHECKPOINTS, Outcome, SupervisorConfig, supervise
 from .train import fit
 
 HARDWARE = ("exception", "sigkill", "hang", "corrupt_checkpoint")
-NUMERIC = ("nan", "spike")
+NUMERIC = ("nan_loss", "spike")
 
 
 def tiny_config(*overrides: str) -> dict:

@@ -5,7 +5,7 @@ micro-batch `at_micro_batch` of it (> 0 lands inside gradient accumulation):
 - exception: raises `SimulatedDeviceError`, as a CUDA/XID error would surface;
 - sigkill: the training process sends itself SIGKILL;
 - hang: the process stops making progress (and stops its heartbeat);
-- nan: that step's loss becomes NaN;
+- nan_loss: that step's loss becomes NaN;
 - spike: the loss is multiplied by `spike_factor` for `spike_steps` steps;
 - corrupt_checkpoint: the newest checkpoint's bytes are damaged, then a device error
   is raised, so the restart must detect the damage and fall back.
@@ -30,7 +30,7 @@ from lightning.pytorch.callbacks import Callback
 
 from .checkpoint import MARKER, complete_steps, step_dir_name, write_json_atomic
 
-FaultKind = Literal["none", "exception", "sigkill", "hang", "nan", "spike", "corrupt_checkpoint"]
+FaultKind = Literal["none", "exception", "sigkill", "hang", "nan_loss", "spike", "corrupt_checkpoint"]
 FAULTS_FILE = "faults.json"
 
 
@@ -94,7 +94,7 @@ class FaultInjector(Callback):
             return
         self.armed = False
         self._record()
-        if self.cfg.kind == "nan":
+        if self.cfg.kind == "nan_loss":
             module.loss_fault = lambda loss: loss * float("nan")
         elif self.cfg.kind == "exception":
             raise SimulatedDeviceError(f"simulated device error at step {step} (injected fault)")

@@ -75,7 +75,7 @@ def test_corrupt_checkpoint_is_quarantined(runs):
     assert (runs.root / "corrupt_checkpoint-8-0" / "checkpoints" / "corrupt-step-00000006").is_dir()
 
 
-@pytest.mark.parametrize("kind,step", [("spike", 6), ("nan", 7)])
+@pytest.mark.parametrize("kind,step", [("spike", 6), ("nan_loss", 7)])
 def test_spike_and_nan_roll_back_and_complete(runs, kind, step):
     out = runs(f"{kind}-{step}", f"faults='{kind}'", f"faults.at_step={step}")
     t = out.train
