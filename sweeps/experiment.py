@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import random
@@ -65,6 +66,13 @@ def prepare(cfg: DictConfig) -> Prepared:
     return Prepared(target, FeatureDataset(examples=data.train), counts, data.heldout, data.stats, None)
 
 
+def release_memory() -> None:
+    """Return freed tensors' memory now: reference cycles collected, CUDA's cache emptied."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def train_attempt(config: dict, run_dir: str) -> dict:
     """One training attempt, run by the supervisor in a child process (a device error can
     leave a process unusable): rebuilds its inputs from the run's resolved config (the data
@@ -111,21 +119,30 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict:
             torch.set_num_threads(cfg.threads)
         seed_everything(cfg.seed)
         prep = prepare(cfg)
-        info = TargetInfo.of(prep.target).with_counts(prep.token_counts)
-        speculator = build_speculator(cfg.speculator.family, _params(cfg.speculator), info)
+        speculator = build_speculator(cfg.speculator.family, _params(cfg.speculator),
+                                      TargetInfo.of(prep.target).with_counts(prep.token_counts))
         result["speculator"] = {"family": speculator.family, "params": speculator.num_params()}
         result["data"] = {**prep.data_stats, "feature_bytes_per_token": prep.feature_bytes_per_token}
+        heldout, token_counts = prep.heldout, prep.token_counts
+        # Each training attempt is a child process that loads its own target: the parent's
+        # copy is dropped meanwhile (on a GPU it would take the memory training needs) and
+        # loaded again for scoring (the conversion is cached; a seeded target rebuilds equal).
+        del prep, speculator
+        release_memory()
         seed_everything(cfg.seed)
         outcome = supervise(train_attempt, (result["config"], str(run_dir)), run_dir,
                             SupervisorConfig(**result["config"]["training"]["supervisor"]))
         result["train"] = outcome.train
         outcome.raise_if_failed()
+        target: FrozenTarget = instantiate(cfg.target)
+        speculator = build_speculator(cfg.speculator.family, _params(cfg.speculator),
+                                      TargetInfo.of(target).with_counts(token_counts))
         speculator.load_state_dict(final_weights(run_dir / CHECKPOINTS))
         speculator.save(run_dir / SPECULATOR_DIR,
                         extra={"target_config": OmegaConf.to_container(cfg.target, resolve=True)})
         result["checkpoint"] = str(SPECULATOR_DIR)
         result["final_weights_sha256"] = weights_sha256(speculator.state_dict())
-        scored = evaluate(cfg, prep.target, speculator, eval_prompts(cfg, prep.heldout))
+        scored = evaluate(cfg, target, speculator, eval_prompts(cfg, heldout))
         result.update({key: scored[key] for key in ("acceptance", "throughput", "lossless", "timing", "ci")
                        if key in scored})
         result["eval"] = {"per_prompt": scored.get("per_prompt"), "k": cfg.eval.k,
