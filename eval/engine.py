@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +34,9 @@ from speclab.speculator.target import FrozenTarget
 
 from .metrics import AcceptanceStats
 from .sampling import SamplingConfig, TokenChooser
+
+if TYPE_CHECKING:
+    from transformers import DynamicCache
 
 
 @dataclass
@@ -108,13 +112,7 @@ def generate_speculative(
     chooser = TokenChooser(sampling)
     gen = Generation([], 0.0, 1, 0)
     start = time.perf_counter()
-    cache = target.new_cache()
-    layer_ids = speculator.target_layer_ids
-    prefill = target(prompt_ids, cache, layer_ids, logits_for="last")  # logits [1, 1, V], hidden [1, T, H]
-    clock = time.perf_counter()
-    state = speculator.start(prompt_ids, prefill.hidden, stack_layers(prefill, layer_ids))
-    gen.draft_seconds += _lap(target, clock)
-    pending = chooser.choose(prefill.logits[:, -1])  # [1, 1]
+    cache, layer_ids, state, pending = prefill_speculative(target, speculator, prompt_ids, chooser, gen)
     tokens = [pending.item()]
     while tokens[-1] not in stop and len(tokens) < max_new_tokens:
         clock = time.perf_counter()
@@ -143,6 +141,25 @@ def generate_speculative(
                           None if layers is None else layers[:, : n + 1])
         gen.draft_seconds += _lap(target, clock)
         pending = next_token.view(1, 1)
+    return finish(gen, tokens, stop, max_new_tokens, start)
+
+
+def prefill_speculative(target: FrozenTarget, speculator: Speculator, prompt_ids: torch.Tensor,
+                        chooser: TokenChooser, gen: Generation) -> tuple[DynamicCache, tuple[int, ...], Any, torch.Tensor]:
+    """The prompt through the target, the speculator started on its features (counted as
+    draft time) and the first token chosen: (cache, layer ids, draft state, pending [1, 1]).
+    Chain and tree decoding (tree.py) both start here."""
+    cache = target.new_cache()
+    layer_ids = speculator.target_layer_ids
+    prefill = target(prompt_ids, cache, layer_ids, logits_for="last")  # logits [1, 1, V], hidden [1, T, H]
+    clock = time.perf_counter()
+    state = speculator.start(prompt_ids, prefill.hidden, stack_layers(prefill, layer_ids))
+    gen.draft_seconds += _lap(target, clock)
+    return cache, layer_ids, state, chooser.choose(prefill.logits[:, -1])
+
+
+def finish(gen: Generation, tokens: list[int], stop: set[int], max_new_tokens: int, start: float) -> Generation:
+    """The committed tokens cut at the first stop token or the budget, and the wall time."""
     gen.tokens = _truncate(tokens, stop, max_new_tokens)
     gen.new_tokens, gen.seconds = len(gen.tokens), time.perf_counter() - start
     return gen

@@ -37,7 +37,7 @@ from speclab.kernels.verify import sample_inverse_cdf
 from speclab.speculator.base import Speculator
 from speclab.speculator.target import FrozenTarget
 
-from .engine import Generation, _check_prompt, _lap, _stop_ids, _truncate, stack_layers
+from .engine import Generation, _check_prompt, _lap, _stop_ids, finish, prefill_speculative, stack_layers
 from .metrics import AcceptanceStats
 from .sampling import SamplingConfig, TokenChooser
 
@@ -205,13 +205,7 @@ def generate_tree(
     chooser = TokenChooser(sampling)
     gen = Generation([], 0.0, 1, 0)
     start = time.perf_counter()
-    cache = target.new_cache()
-    layer_ids = speculator.target_layer_ids
-    prefill = target(prompt_ids, cache, layer_ids, logits_for="last")
-    clock = time.perf_counter()
-    state = speculator.start(prompt_ids, prefill.hidden, stack_layers(prefill, layer_ids))
-    gen.draft_seconds += _lap(target, clock)
-    pending = chooser.choose(prefill.logits[:, -1])  # [1, 1]
+    cache, layer_ids, state, pending = prefill_speculative(target, speculator, prompt_ids, chooser, gen)
     tokens = [pending.item()]
     while tokens[-1] not in stop and len(tokens) < max_new_tokens:
         clock = time.perf_counter()
@@ -243,6 +237,4 @@ def generate_tree(
         speculator.accept(state, ids[:, index], out.hidden[:, index], None if layers is None else layers[:, index])
         gen.draft_seconds += _lap(target, clock)
         pending = torch.tensor([[next_id]], device=target.device)
-    gen.tokens = _truncate(tokens, stop, max_new_tokens)
-    gen.new_tokens, gen.seconds = len(gen.tokens), time.perf_counter() - start
-    return gen
+    return finish(gen, tokens, stop, max_new_tokens, start)

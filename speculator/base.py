@@ -97,6 +97,19 @@ class Speculator(nn.Module):
     def draft_head(self, p: int, states: torch.Tensor) -> torch.Tensor:  # [..., D] -> [..., V]
         raise NotImplementedError
 
+    def draft_greedily(self, pending: torch.Tensor, k: int,
+                       step: Callable[[int, torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """`propose` for families that draft head by head: `step(i, previous token [1])` gives
+        head i's input [1, D]; each head's argmax, mapped to a target id, feeds the next step.
+        -> (drafts [1, k] as target ids, draft logits [1, k, N])."""
+        token, tokens, logits = pending[:, 0], [], []
+        for i in range(k):
+            step_logits = self.draft_head(i, step(i, token))  # [1, N]
+            token = self.vocab.to_target(step_logits.argmax(-1))  # [1] target id
+            tokens.append(token)
+            logits.append(step_logits)
+        return torch.stack(tokens, 1), torch.stack(logits, 1)
+
     def draft_head_weight(self, p: int) -> torch.Tensor | None:
         """[N, D] when `draft_head(p, .)` is a plain bias-free linear map, which lets the
         training loss fuse the head with the objective in vocabulary chunks; None otherwise."""
@@ -133,6 +146,7 @@ class Speculator(nn.Module):
         trainable = feats.loss_mask & self.vocab.contains(next_ids)  # [B, T]
         columns = None if self.vocab.full else self.vocab.ids
         fused, head = getattr(objective, "fused", None), self.target_info.lm_head_weight
+        fuses = getattr(objective, "fuses", lambda rows, vocab, device: True)  # plain objectives: whenever possible
         target_rows = None if head is None or columns is None else head[columns.to(head.device)]  # [N', H]
         total, count, metrics = states.new_zeros(()), 0, {}
         for p in range(states.shape[1]):
@@ -144,14 +158,13 @@ class Speculator(nn.Module):
             if not mask.any():
                 continue
             weight = self.draft_head_weight(p)  # [V', D] or None
-            fuses = getattr(objective, "fuses", None)
+            rows = states[:, p, :span][mask]  # [N, D]
             if (fused is not None and weight is not None and head is not None
-                    and (fuses is None or fuses(int(mask.sum()), weight.shape[0], states.device))):
+                    and fuses(rows.shape[0], weight.shape[0], states.device)):
                 per_row, draft_arg, target_arg = fused(
-                    states[:, p, :span][mask], weight, feats.hidden[:, lo:][mask],
-                    head if target_rows is None else target_rows)  # [N] each
+                    rows, weight, feats.hidden[:, lo:][mask], head if target_rows is None else target_rows)  # [N] each
             else:
-                draft = self.draft_head(p, states[:, p, :span][mask])  # [N, V]
+                draft = self.draft_head(p, rows)  # [N, V]
                 with torch.no_grad():
                     target = target_head(feats.hidden[:, lo:][mask], columns)  # [N, V']
                 per_row, draft_arg, target_arg = objective(draft, target), draft.argmax(-1), target.argmax(-1)

@@ -76,14 +76,13 @@ class HydraSpeculator(HeadsOnLastHidden, Speculator):
     @torch.no_grad()
     def propose(self, state: LastHidden, pending: torch.Tensor, k: int):
         assert k <= self.config.num_heads, f"hydra drafts at most {self.config.num_heads} tokens"
-        h, token, embeds, tokens, logits = state.hidden.to(compute_dtype(self)), pending[:, 0], [], [], []
-        for i in range(k):
-            embeds.append(F.embedding(token, self.embed.weight))  # [1, H]
-            step_logits = self.draft_head(i, self._head(i, h, embeds))  # [1, N]
-            token = self.vocab.to_target(step_logits.argmax(-1))  # [1]
-            tokens.append(token)
-            logits.append(step_logits)
-        return torch.stack(tokens, 1), torch.stack(logits, 1)  # [1, k], [1, k, N]
+        h, embeds = state.hidden.to(compute_dtype(self)), []
+
+        def step(i: int, token: torch.Tensor) -> torch.Tensor:
+            embeds.append(F.embedding(token, self.embed.weight))  # [1, H]: head i sees every draft so far
+            return self._head(i, h, embeds)
+
+        return self.draft_greedily(pending, k, step)
 
     @torch.no_grad()
     def extend(self, state: LastHidden, pending: torch.Tensor, paths: torch.Tensor) -> torch.Tensor:

@@ -87,14 +87,14 @@ class LSTMSpeculator(HeadsOnLastHidden, Speculator):
     @torch.no_grad()
     def propose(self, state: LastHidden, pending: torch.Tensor, k: int):
         assert k <= self.config.n_predict, f"lstm speculator drafts at most {self.config.n_predict}"
-        s, c, token, tokens, logits = state.hidden.to(compute_dtype(self)), None, pending[:, 0], [], []
-        for i in range(k):
+        s, c = state.hidden.to(compute_dtype(self)), None
+
+        def step(i: int, token: torch.Tensor) -> torch.Tensor:
+            nonlocal s, c
             s, c = self._stage(i, s, c, token)  # [1, D]
-            step_logits = self.draft_head(i, s)  # [1, N]
-            token = self.vocab.to_target(step_logits.argmax(-1))  # [1] target id
-            tokens.append(token)
-            logits.append(step_logits)
-        return torch.stack(tokens, 1), torch.stack(logits, 1)  # [1, k], [1, k, N]
+            return s
+
+        return self.draft_greedily(pending, k, step)
 
     @torch.no_grad()
     def extend(self, state: LastHidden, pending: torch.Tensor, paths: torch.Tensor) -> torch.Tensor:

@@ -98,14 +98,14 @@ class MLPSpeculator(Speculator):
     @torch.no_grad()
     def propose(self, state: MLPState, pending: torch.Tensor, k: int):
         assert k <= self.config.n_predict, f"mlp speculator drafts at most {self.config.n_predict}"
-        s, token, tokens, logits = state.hidden.float(), pending[:, 0], [], []
-        for i in range(k):
+        s = state.hidden.float()
+
+        def step(i: int, token: torch.Tensor) -> torch.Tensor:
+            nonlocal s
             s = self._stage(i, s, token)  # [1, d]
-            step_logits = self.draft_head(i, s)  # [1, N]
-            token = self.vocab.to_target(step_logits.argmax(-1))  # [1] target id
-            tokens.append(token)
-            logits.append(step_logits)
-        return torch.stack(tokens, 1), torch.stack(logits, 1)  # [1, k], [1, k, N]
+            return s
+
+        return self.draft_greedily(pending, k, step)
 
     @torch.no_grad()
     def extend(self, state: MLPState, pending: torch.Tensor, paths: torch.Tensor) -> torch.Tensor:

@@ -66,6 +66,12 @@ def prepare(cfg: DictConfig) -> Prepared:
     return Prepared(target, FeatureDataset(examples=data.train), counts, data.heldout, data.stats, None)
 
 
+def new_speculator(cfg: DictConfig, target: FrozenTarget, token_counts: torch.Tensor) -> Speculator:
+    """The configured family, freshly initialised against `target` (counts: its reduced vocabulary)."""
+    return build_speculator(cfg.speculator.family, _params(cfg.speculator),
+                            TargetInfo.of(target).with_counts(token_counts))
+
+
 def release_memory() -> None:
     """Return freed tensors' memory now: reference cycles collected, CUDA's cache emptied."""
     gc.collect()
@@ -83,8 +89,7 @@ def train_attempt(config: dict, run_dir: str) -> dict:
         torch.set_num_threads(cfg.threads)
     seed_everything(cfg.seed)
     prep = prepare(cfg)
-    info = TargetInfo.of(prep.target).with_counts(prep.token_counts)
-    speculator = build_speculator(cfg.speculator.family, _params(cfg.speculator), info)
+    speculator = new_speculator(cfg, prep.target, prep.token_counts)
     seed_everything(cfg.seed)
     return fit(speculator, prep.target, prep.dataset, cfg.training, Path(run_dir), cfg.seed, faults=cfg.faults,
                config=config)
@@ -119,8 +124,7 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict:
             torch.set_num_threads(cfg.threads)
         seed_everything(cfg.seed)
         prep = prepare(cfg)
-        speculator = build_speculator(cfg.speculator.family, _params(cfg.speculator),
-                                      TargetInfo.of(prep.target).with_counts(prep.token_counts))
+        speculator = new_speculator(cfg, prep.target, prep.token_counts)
         result["speculator"] = {"family": speculator.family, "params": speculator.num_params()}
         result["data"] = {**prep.data_stats, "feature_bytes_per_token": prep.feature_bytes_per_token}
         heldout, token_counts = prep.heldout, prep.token_counts
@@ -135,8 +139,7 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict:
         result["train"] = outcome.train
         outcome.raise_if_failed()
         target: FrozenTarget = instantiate(cfg.target)
-        speculator = build_speculator(cfg.speculator.family, _params(cfg.speculator),
-                                      TargetInfo.of(target).with_counts(token_counts))
+        speculator = new_speculator(cfg, target, token_counts)
         speculator.load_state_dict(final_weights(run_dir / CHECKPOINTS))
         speculator.save(run_dir / SPECULATOR_DIR,
                         extra={"target_config": OmegaConf.to_container(cfg.target, resolve=True)})

@@ -19,11 +19,6 @@ MAX_NEW, K = 8, 3
 
 
 @pytest.fixture(scope="module")
-def target():
-    return tiny_llama()
-
-
-@pytest.fixture(scope="module")
 def prompts(target):
     texts = ["What is the capital of France?", "Explain why the sky is blue."]
     return [encode_prompt(target.tokenizer, {"prompt": t}) for t in texts]

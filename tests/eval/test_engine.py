@@ -7,22 +7,11 @@ import torch
 
 from speclab.eval.engine import generate_plain, generate_speculative
 from speclab.eval.metrics import AcceptanceStats
-from speclab.eval.prompts import encode_prompt
 from speclab.speculator.targets import tiny_llama
 from speculator_stubs import NeverSpeculator, OracleSpeculator, SometimesSpeculator, reference, scripted
 
 MAX_NEW = 20
 STUBS = [OracleSpeculator, NeverSpeculator, SometimesSpeculator]
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_llama()
-
-
-@pytest.fixture(scope="module")
-def prompt(target):
-    return encode_prompt(target.tokenizer, {"prompt": "Write a function that returns the sum of a list"})
 
 
 def run_speculative(cls, target, prompt, k, max_new=MAX_NEW, eos_ids=(), max_draft=None):

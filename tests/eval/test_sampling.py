@@ -6,23 +6,11 @@ import torch
 
 from speclab.eval.engine import generate_plain, generate_speculative
 from speclab.eval.metrics import AcceptanceStats
-from speclab.eval.prompts import encode_prompt
 from speclab.eval.sampling import SamplingConfig, TokenChooser
 from speclab.speculator.base import TargetInfo, build_speculator
-from speclab.speculator.targets import tiny_llama
 from speculator_stubs import NeverSpeculator, OracleSpeculator, SometimesSpeculator, scripted
 
 MAX_NEW = 12
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_llama()
-
-
-@pytest.fixture(scope="module")
-def prompt(target):
-    return encode_prompt(target.tokenizer, {"prompt": "Write a function that returns the sum of a list"})
 
 
 @pytest.fixture(scope="module")

@@ -5,27 +5,15 @@ import torch
 
 from speclab.eval.engine import generate_plain, generate_speculative
 from speclab.eval.metrics import AcceptanceStats
-from speclab.eval.prompts import encode_prompt
 from speclab.eval.sampling import SamplingConfig, TokenChooser
 from speclab.eval.tree import DraftTree, TreeConfig, draft_tree, generate_tree, static_rank_paths, walk_sample
 from speclab.speculator.base import TargetInfo, build_speculator
-from speclab.speculator.targets import tiny_llama
 from stat_checks import chi2_pvalue
 from speculator_stubs import NeverSpeculator, OracleSpeculator, SometimesSpeculator, scripted
 
 MAX_NEW = 16
 STUBS = [OracleSpeculator, NeverSpeculator, SometimesSpeculator]
 SHAPES = [TreeConfig("static", depth=3, top_k=2, budget=6), TreeConfig("dynamic", depth=3, top_k=2, budget=6)]
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_llama()
-
-
-@pytest.fixture(scope="module")
-def prompt(target):
-    return encode_prompt(target.tokenizer, {"prompt": "Write a function that returns the sum of a list"})
 
 
 @pytest.fixture(scope="module")
