@@ -90,18 +90,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from speclab.eval.sampling import SamplingConfig
     from speclab.speculator.base import TargetInfo, load_speculator
 
-    from .cli import build_target, recorded_target_config, user_errors
+    from .errors import user_errors
+    from .target_spec import recorded_target
 
     with user_errors():  # everything a user can get wrong fails here, before the timing starts
         check_args(args)
         sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed, args.drafts)
         checkpoints = [find_speculator_checkpoint(p) for p in args.speculator]
         assistant_dir = find_speculator_checkpoint(args.assistant) if args.assistant else None
-        target_config = recorded_target_config((checkpoints or [assistant_dir])[0], args.overrides)
+        target_spec = recorded_target((checkpoints or [assistant_dir])[0], args.overrides)  # plain data
+        target_config = target_spec.as_config()
         sets = prompt_sets(args)
         if args.threads:
             torch.set_num_threads(args.threads)
-        target = build_target(target_config)
+        target = target_spec.build()
         info = TargetInfo.of(target)
         speculators = {}
         for path in checkpoints + ([assistant_dir] if assistant_dir and assistant_dir not in checkpoints else []):

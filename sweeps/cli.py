@@ -15,42 +15,25 @@ stderr and exit with status 2, without a traceback; bugs keep their traceback.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
-import inspect
 import json
 import sys
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Sequence
 
 from . import bench
+from .errors import USAGE_ERROR, CliError, user_errors
 from .index import METRICS, rebuild
 from .results import find_speculator_checkpoint, write_json_atomic
 from .table import format_lossless, format_number, format_per_position, format_speedup, format_table
+from .target_spec import recorded_target
 
 DEFAULT_RUNS_DIR = "runs"
-# `speclab eval` instantiates the checkpoint's recorded target config: only target builders
-# from this module may be named there, since a config file must not run arbitrary code.
-TARGET_BUILDERS_MODULE = "speclab.speculator.targets"
-USAGE_ERROR = 2
-
-
-class CliError(Exception):
-    """A mistake the user can fix: printed as one line, exit status 2."""
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line instead of usage + error
         self.exit(USAGE_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-@contextlib.contextmanager
-def user_errors() -> Iterator[None]:
-    """Turn the clear errors our own code raises on bad input into CliError."""
-    try:
-        yield
-    except (FileNotFoundError, FileExistsError, NotADirectoryError, ValueError) as exc:
-        raise CliError(str(exc)) from exc
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -166,9 +149,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     with user_errors():  # everything a user can get wrong fails here, before minutes of scoring
         check_eval_args(args)
         checkpoint = find_speculator_checkpoint(args.checkpoint)
-        target_config = recorded_target_config(checkpoint, args.overrides)
+        target_spec = recorded_target(checkpoint, args.overrides)  # plain data, schema-checked
+        target_config = target_spec.as_config()
         prompts = eval_prompts(args.prompts, args.limit)
-        target = build_target(target_config)
+        target = target_spec.build()
         speculator = load_checkpoint(checkpoint, TargetInfo.of(target))  # speclab or an export layout
         encoded = [encode_prompt(target.tokenizer, item, chat_template=args.chat_template).to(target.device)
                    for item in prompts]  # each [1, T]
@@ -190,63 +174,6 @@ def check_eval_args(args: argparse.Namespace) -> None:
             raise ValueError(f"{option} must be at least 1, got {value}")
     if args.json_out and not args.json_out.parent.is_dir():
         raise FileNotFoundError(f"--json {args.json_out}: directory {args.json_out.parent} does not exist")
-
-
-def recorded_target_config(checkpoint: Path, overrides: list[str]) -> dict:
-    """config.json's "target_config" with target.KEY=VALUE overrides applied, checked."""
-    from omegaconf import OmegaConf
-
-    from .export_formats import checkpoint_meta
-
-    meta = checkpoint_meta(checkpoint)  # speclab's config.json, or an export's speclab.json
-    if not isinstance(meta.get("target_config"), dict):
-        raise ValueError(f"{checkpoint}/config.json records no target_config, so its target is unknown")
-    bad = [o for o in overrides if not (_is_override(o) and o.startswith("target."))]
-    if bad:
-        raise ValueError(f"bad override(s) {bad}: eval takes target.KEY=VALUE")
-    changes = OmegaConf.from_dotlist([o.removeprefix("target.") for o in overrides])
-    config = OmegaConf.to_container(OmegaConf.merge(OmegaConf.create(meta["target_config"]), changes))
-    check_target_config(config)
-    return config
-
-
-def check_target_config(config: dict) -> None:
-    """Allow only `_target_: speclab.speculator.targets.<builder of a FrozenTarget>` with plain
-    arguments: no other `_`-keys (nested `_target_`, `_partial_`) that would run other code."""
-    builders = target_builders()
-    if config.get("_target_") not in builders:
-        raise ValueError(f"refusing target _target_ {config.get('_target_')!r}; valid: {sorted(builders)}")
-    special = sorted(_special_keys({k: v for k, v in config.items() if k != "_target_"}))
-    if special:
-        raise ValueError(f"refusing target config keys {special}: only plain builder arguments are allowed")
-
-
-def target_builders() -> set[str]:
-    """The public functions of the targets module that return a FrozenTarget."""
-    module = importlib.import_module(TARGET_BUILDERS_MODULE)
-    return {
-        f"{TARGET_BUILDERS_MODULE}.{name}"
-        for name, fn in vars(module).items()
-        if inspect.isfunction(fn) and fn.__module__ == module.__name__ and not name.startswith("_")
-        and inspect.signature(fn).return_annotation in ("FrozenTarget", module.FrozenTarget)
-    }
-
-
-def _special_keys(value) -> Iterator[str]:
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if str(key).startswith("_"):
-                yield str(key)
-            yield from _special_keys(item)
-    elif isinstance(value, list):
-        for item in value:
-            yield from _special_keys(item)
-
-
-def build_target(config: dict):
-    from hydra.utils import instantiate
-
-    return instantiate(config)
 
 
 def eval_prompts(path: Path | None, limit: int | None) -> list[dict]:

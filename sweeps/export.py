@@ -92,11 +92,10 @@ def live_target_info(meta: dict) -> TargetInfo | None:
     family = meta.get("family")
     if not family or not getattr(speculator_class(family), "target_tensors", ()):
         return None
-    from .cli import build_target, check_target_config
+    from .target_spec import parse_target_spec
 
-    config = dict(meta.get("target_config") or {})
-    check_target_config(config)  # only speclab's own target builders: a config must not run code
-    return TargetInfo.of(build_target(config))
+    spec = parse_target_spec(meta.get("target_config"), "the checkpoint's target_config")  # data, never code
+    return TargetInfo.of(spec.build())
 
 
 def replace_dir(out_dir: Path, fill: Callable[[Path], None]) -> Path:

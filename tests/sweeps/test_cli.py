@@ -126,7 +126,7 @@ def test_eval_applies_target_overrides(tmp_path, runs, prompts_file, monkeypatch
     ({"_target_": "speclab.speculator.targets.shutil.rmtree", "path": "x"}, "refusing target _target_"),
     ({"_target_": "speclab.speculator.targets.convert_gguf", "gguf": "a", "out_dir": "b"},
      "refusing target _target_"),
-    ({**TINY_TARGET_CONFIG, "dtype": {"_target_": "os.getcwd"}}, "refusing target config keys"),
+    ({**TINY_TARGET_CONFIG, "dtype": {"_target_": "os.getcwd"}}, "refusing target config key"),
 ])
 def test_eval_refuses_targets_that_are_not_target_builders(runs, prompts_file, capsys, target_config, message):
     config_file = runs / "good" / "checkpoints" / "speculator" / "config.json"

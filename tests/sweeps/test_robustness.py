@@ -1,0 +1,138 @@
+"""Hardening: each probe of an adversarial or careless user, kept as a test so no change reopens it.
+
+Sections follow the probes: code from a checkpoint, launchers, cache races, config values,
+exit codes, malformed results, resource failures, JSONL errors, the dashboard, the watchdog.
+"""
+
+import json
+import pickle
+
+import pytest
+from test_export import TINY_TARGET_CONFIG, make_speculator_run
+
+from speclab.speculator.targets import tiny_llama
+from speclab.sweeps import export as export_module
+from speclab.sweeps.cli import main
+from speclab.sweeps.target_spec import TargetSpecError, parse_target_spec, recorded_target
+
+
+@pytest.fixture(scope="module")
+def tiny_target():
+    return tiny_llama(seed=0)
+
+
+def _one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+# --- 1. nothing from a checkpoint or export is instantiated or evaluated --------------------
+
+
+class _TouchOnUnpickle:
+    """A pickle payload: unpickling it opens (creates) the marker file."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+def _attacks(tmp_path) -> dict:
+    """Crafted target descriptions, each with the file whose existence or contents would show it ran."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    payload = tmp_path / "payload.pkl"
+    payload.write_bytes(pickle.dumps(_TouchOnUnpickle(tmp_path / "pickle-ran")))
+    interp = "${oc.create:{_target_: builtins.open, file: '" + str(victim) + "', mode: w}}"
+    return {
+        "interpolation": {**TINY_TARGET_CONFIG, "dtype": interp},
+        "interpolated_torch_load": {**TINY_TARGET_CONFIG, "device": "${oc.create:{_target_: torch.load, f: '"
+                                    + str(payload) + "', weights_only: false}}"},
+        "open": {"_target_": "builtins.open", "file": str(victim), "mode": "w"},
+        "copyfile": {"_target_": "shutil.copyfile", "src": str(victim), "dst": str(tmp_path / "copied")},
+        "torch_load": {"_target_": "torch.load", "f": str(payload), "weights_only": False},
+        "nested": {**TINY_TARGET_CONFIG, "dtype": {"_target_": "builtins.open", "file": str(victim), "mode": "w"}},
+        "partial": {**TINY_TARGET_CONFIG, "_partial_": True},
+        "module_attribute": {"_target_": "speclab.speculator.targets.shutil.rmtree", "path": str(tmp_path)},
+        "not_a_builder": {"_target_": "speclab.speculator.targets.convert_gguf", "gguf": "a", "out_dir": "b"},
+        "list": [TINY_TARGET_CONFIG],
+    }
+
+
+def _nothing_ran(tmp_path) -> None:
+    assert (tmp_path / "victim.txt").read_text() == "precious"
+    assert not (tmp_path / "copied").exists() and not (tmp_path / "pickle-ran").exists()
+
+
+def _plant(run_dir, target_config) -> None:
+    config_file = run_dir / "checkpoints" / "speculator" / "config.json"
+    meta = json.loads(config_file.read_text())
+    config_file.write_text(json.dumps({**meta, "target_config": target_config}))
+
+
+ATTACKS = [
+    "interpolation", "interpolated_torch_load", "open", "copyfile", "torch_load", "nested", "partial",
+    "module_attribute", "not_a_builder", "list"]
+
+
+@pytest.mark.parametrize("attack", ATTACKS)
+def test_eval_refuses_a_crafted_target_and_runs_nothing(tmp_path, tiny_target, capsys, attack):
+    runs = tmp_path / "runs"
+    make_speculator_run(runs, "good", tiny_target)
+    _plant(runs / "good", _attacks(tmp_path)[attack])
+    assert main(["eval", str(runs / "good"), "--limit", "1", "--max-new-tokens", "2"]) == 2
+    assert "refusing" in _one_error_line(capsys) or attack == "list"
+    _nothing_ran(tmp_path)
+
+
+@pytest.mark.parametrize("attack", ["interpolation", "copyfile", "torch_load"])
+def test_bench_refuses_a_crafted_target_and_runs_nothing(tmp_path, tiny_target, capsys, attack):
+    runs = tmp_path / "runs"
+    make_speculator_run(runs, "good", tiny_target)
+    _plant(runs / "good", _attacks(tmp_path)[attack])
+    assert main(["bench", "--speculator", str(runs / "good"), "--limit", "1", "--max-new-tokens", "2"]) == 2
+    assert "refusing" in _one_error_line(capsys)
+    _nothing_ran(tmp_path)
+
+
+@pytest.mark.parametrize("attack", ["interpolation", "open", "torch_load", "nested"])
+def test_export_builds_the_live_target_only_from_a_valid_description(tmp_path, attack):
+    meta = {"family": "eagle", "target_config": _attacks(tmp_path)[attack]}  # eagle needs the live target
+    with pytest.raises(TargetSpecError, match="refusing"):
+        export_module.live_target_info(meta)
+    _nothing_ran(tmp_path)
+
+
+def test_overrides_are_typed_and_cannot_interpolate(tmp_path, tiny_target):
+    runs = tmp_path / "runs"
+    make_speculator_run(runs, "good", tiny_target)
+    checkpoint = runs / "good" / "checkpoints" / "speculator"
+    assert recorded_target(checkpoint, ["target.seed=5"]).kwargs["seed"] == 5
+    with pytest.raises(TargetSpecError, match="'seed'"):
+        recorded_target(checkpoint, ["target.seed=five"])
+    with pytest.raises(TargetSpecError, match="interpolations"):
+        recorded_target(checkpoint, ["target.dtype=${oc.env:HOME}"])
+    with pytest.raises(TargetSpecError, match="'command'"):
+        recorded_target(checkpoint, ["target.command=rm"])
+
+
+def test_a_valid_description_builds_the_recorded_target():
+    spec = parse_target_spec({**TINY_TARGET_CONFIG, "seed": 3, "init_std": 1})  # a whole number for a float
+    assert spec.as_config() == {**TINY_TARGET_CONFIG, "seed": 3, "init_std": 1}
+    assert spec.build().name == "tiny-llama-seed3"
+
+
+def test_cli_bench_and_export_do_not_import_one_another():
+    import ast
+    from pathlib import Path
+
+    import speclab.sweeps.cli as cli
+
+    folder = Path(cli.__file__).parent
+    for name, forbidden in {"bench.py": {"cli", "export"}, "export.py": {"cli", "bench"}}.items():
+        tree = ast.parse((folder / name).read_text())
+        imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level == 1}
+        assert not imported & forbidden, (name, imported & forbidden)
