@@ -27,6 +27,7 @@ newest complete checkpoint. Every attempt is recorded in the run's `supervisor.j
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import multiprocessing as mp
@@ -168,6 +169,23 @@ def _context(module: str) -> mp.context.BaseContext:
     return ctx
 
 
+@contextlib.contextmanager
+def _own_start_method(ctx: mp.context.BaseContext):
+    """Start children with `ctx`'s method also in what they inherit.
+
+    A child's preparation data carries the process-wide start method, which the child sets
+    before anything else. Under joblib's launcher that method is 'loky', a context only
+    joblib's workers know, so every child died with "cannot find context for 'loky'". The
+    supervisor's own method is set for the start and the caller's put back afterwards.
+    """
+    previous = mp.get_start_method(allow_none=True)
+    mp.set_start_method(ctx.get_start_method(), force=True)
+    try:
+        yield
+    finally:
+        mp.set_start_method(previous, force=True)
+
+
 def _read_json(path: Path) -> dict | None:
     try:
         return json.loads(path.read_text())
@@ -180,8 +198,10 @@ def run_attempt(attempt: Callable[..., dict], args: tuple, run_dir: Path, number
     (run_dir / HEARTBEAT_FILE).unlink(missing_ok=True)
     record = {"attempt": number, "start_time": time.time(), "resumed_from": None, "first_step_time": None,
               "last_step": None, "newest_checkpoint_before": _newest(run_dir)}
-    proc = _context(attempt.__module__).Process(target=_child_main, args=(attempt, args, str(run_dir), number, os.getpid()))
-    proc.start()
+    ctx = _context(attempt.__module__)
+    proc = ctx.Process(target=_child_main, args=(attempt, args, str(run_dir), number, os.getpid()))
+    with _own_start_method(ctx):
+        proc.start()
     started, hung = time.time(), None
     try:
         while proc.is_alive() and not hung:

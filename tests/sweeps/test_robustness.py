@@ -5,10 +5,16 @@ exit codes, malformed results, resource failures, JSONL errors, the dashboard, t
 """
 
 import json
+import os
 import pickle
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 from test_export import TINY_TARGET_CONFIG, make_speculator_run
+from test_sweeps_run import SMALLEST, TINY
 
 from speclab.speculator.targets import tiny_llama
 from speclab.sweeps import export as export_module
@@ -136,3 +142,38 @@ def test_cli_bench_and_export_do_not_import_one_another():
         tree = ast.parse((folder / name).read_text())
         imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level == 1}
         assert not imported & forbidden, (name, imported & forbidden)
+
+
+# --- 2. every launcher works: joblib's workers start the supervisor's children ----------------
+
+
+def _supervised_in_a_loky_worker(i):
+    from speclab.training.supervisor import SupervisorConfig, supervise
+
+    run_dir = Path(tempfile.mkdtemp())
+    out = supervise(_trivial_attempt, (i,), run_dir, SupervisorConfig(max_restarts=0, backoff_s=0))
+    return out.status, out.reason
+
+
+def _trivial_attempt(i):
+    return {"steps": i}
+
+
+def test_the_supervisor_starts_children_from_a_joblib_worker():
+    from joblib import Parallel, delayed
+
+    # before: every child died on "cannot find context for 'loky'" (the inherited start method)
+    outcomes = Parallel(n_jobs=2, backend="loky")(delayed(_supervised_in_a_loky_worker)(i) for i in range(2))
+    assert outcomes == [("completed", None)] * 2
+
+
+def test_quick_sweep_through_the_joblib_launcher(tmp_path):
+    env = {**os.environ, "SPECLAB_CACHE": str(tmp_path / "cache"), "WANDB_MODE": "disabled"}
+    runs = tmp_path / "runs"
+    cmd = [sys.executable, "-c", "from speclab.sweeps.cli import main; raise SystemExit(main())", "sweep", "quick",
+           "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", f"runs_dir={runs}", *TINY, *SMALLEST]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = [json.loads(p.read_text()) for p in runs.rglob("result.json")]
+    assert sorted((r["speculator"]["family"], r["status"]) for r in results) == [
+        ("draft_lm", "completed"), ("mlp", "completed")], [r.get("error") for r in results]
