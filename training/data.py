@@ -4,15 +4,17 @@
     bundle.train    # datasets.Dataset: input_ids, loss_mask (1 on assistant tokens)
     bundle.heldout  # [{"messages": [...], "category": "heldout"}]: prompts never trained on
 
-Steps: records (self-distilled from the target, or read from a file / the hub) ->
-dedup on the prompt -> seeded hash split into held-out / train -> token ids + loss mask
-(responses generated greedily by the target for self_distill) -> cached bundle.
+Steps: records (self-distilled from the target, mined from Python source, or read from a
+file / the hub) -> dedup on the prompt -> seeded hash split into held-out / train -> token
+ids + loss mask (responses generated greedily by the target for self_distill and
+code_prompts) -> cached bundle. The build runs in rounds (data_rounds.py) until
+`data.max_tokens` training tokens are there; a later, bigger budget appends rounds to the
+cached bundle, and a smaller one trains on a prefix of it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import shutil
 import time
@@ -24,11 +26,12 @@ import datasets
 from speclab.speculator.target import FrozenTarget
 from speclab.speculator.targets import cache_root
 
-from .data_cache import data_fingerprint, new_work_dir, publish, read_bundle, write_bundle
+from .cache_lock import build_lock
+from .data_cache import (bundle_bytes, data_fingerprint, new_work_dir, publish, read_bundle, replace_bundle,
+                         write_bundle)
 from .data_config import SOURCES, DataConfig
-from .data_sources import Record, datasets_progress, load_rows, normalise, to_records
-from .data_tokenize import encode_chat, encode_text
-from .self_distill import distill_responses, response_messages, sample_prompts
+from .data_rounds import Growth, add_stats, next_round, split_records, with_rates
+from .data_sources import datasets_progress
 
 log = logging.getLogger(__name__)
 
@@ -46,131 +49,124 @@ class DataBundle:
     heldout: list[dict]  # {"messages": [turns before the reply], "category": "heldout"}
     fingerprint: str  # of everything the data depends on (config, tokenizer, model, files)
     path: Path  # the cache directory the bundle lives in
-    stats: dict  # examples, tokens, assistant_tokens, generation seconds and tokens/s, ...
+    stats: dict  # the trained prefix's examples, tokens, assistant_tokens; the build's generation
+    # seconds and tokens/s; `cache`: the whole bundle's tokens, bytes, seconds, tok/s
     from_cache: bool = False  # loaded from an earlier build, nothing generated
 
 
 def build_dataset(target: FrozenTarget, cfg: DataConfig, cache_dir: Path | None = None,
-                  progress: bool = True) -> DataBundle:
-    """The data set for `target`, loaded from `<cache_dir>/<fingerprint>` if built before.
+                  progress: bool = True, exclude: list[str] | tuple = ()) -> DataBundle:
+    """The data set for `target`, loaded from `<cache_dir>/<fingerprint>` if built before
+    (extended first when it holds fewer than `cfg.max_tokens` training tokens).
 
     cache_dir defaults to `$SPECLAB_CACHE/data` (SPECLAB_CACHE: ~/.cache/speclab).
+    `exclude`: texts mined prompts must not overlap (the eval's prompts).
     """
     if not isinstance(cfg, DataConfig):
         raise TypeError(f"build_dataset needs a DataConfig, got {type(cfg).__name__}")
-    fingerprint = data_fingerprint(target, cfg)
+    exclude = list(exclude)
+    fingerprint = data_fingerprint(target, cfg, exclude)
     root = Path(cache_dir) if cache_dir is not None else cache_root() / "data"
     final = root / fingerprint
     cached = read_bundle(final, fingerprint)
-    if cached is not None:
-        train, heldout, meta = cached
+    if cached is not None and _covers(cached[2], cfg):
         log.info("data %s loaded from cache %s", fingerprint, final)
-        return DataBundle(train, heldout, fingerprint, final, meta["stats"], from_cache=True)
-    shutil.rmtree(final, ignore_errors=True)  # incomplete or damaged: rebuild from scratch
+        return _select(*cached, cfg, fingerprint, final, from_cache=True)
+    if cached is not None and "growth" not in cached[2]:
+        cached = None  # built before bundles recorded how to extend them: rebuilt whole
+    if cached is None:
+        shutil.rmtree(final, ignore_errors=True)  # incomplete or damaged: rebuild from scratch
     work = new_work_dir(root, fingerprint)
     try:
         with datasets_progress(progress):
-            train, heldout, stats = _build(target, cfg, work, progress)
+            train, heldout, meta = _grow(target, cfg, cached, work, progress, exclude)
             write_bundle(work, fingerprint, train, heldout,
-                         {"config": dataclasses.asdict(cfg), "target": target.name, "stats": stats})
-        publish(work, final)
+                         {"config": dataclasses.asdict(cfg), "target": target.name, **meta})
+        (replace_bundle if cached is not None else publish)(work, final)
     finally:
         shutil.rmtree(work, ignore_errors=True)  # gone already unless the build failed
-    log.info("data %s built: %s", fingerprint, stats)
     # Reload from the published bundle so the train set is memory-mapped from the cache.
     published = read_bundle(final, fingerprint)
     if published is None:
         raise RuntimeError(f"data bundle {final} is unreadable right after it was written")
-    train, heldout, meta = published
-    return DataBundle(train, heldout, fingerprint, final, meta["stats"])
+    bundle = _select(*published, cfg, fingerprint, final)
+    log.info("data %s %s: %s", fingerprint, "extended" if cached is not None else "built", bundle.stats["cache"])
+    return bundle
 
 
-def _build(target: FrozenTarget, cfg: DataConfig, work: Path,
-           progress: bool) -> tuple[datasets.Dataset, list[dict], dict]:
+def _covers(meta: dict, cfg: DataConfig) -> bool:
+    """Whether a cached bundle already holds what `cfg` asks for (round 0 at least)."""
+    if cfg.max_tokens == 0:
+        return True
+    return sum(meta["loss_tokens"]) >= cfg.max_tokens or meta["growth"]["exhausted"] \
+        if "growth" in meta else meta["stats"]["assistant_tokens"] >= cfg.max_tokens
+
+
+def _grow(target: FrozenTarget, cfg: DataConfig, start, work: Path, progress: bool,
+          exclude: list[str]) -> tuple[datasets.Dataset, list[dict], dict]:
+    """Rounds from `start` (a cached bundle, or None) until the budget is met. Returns the
+    whole train set, the held-out rows and the meta the next extension continues from."""
     t0 = time.perf_counter()
-    if cfg.source == "self_distill":
-        examples, heldout, stats = _self_distilled(target, cfg, progress)
-    else:
-        examples, heldout, stats = _from_rows(target, cfg, work)
-    examples = [e.truncated(cfg.max_seq_len) for e in examples]
-    kept = [e for e in examples if any(e.loss_mask)]  # a prompt longer than max_seq_len trains nothing
-    if not kept:
-        raise ValueError("no training example has an assistant token within data.max_seq_len="
-                         f"{cfg.max_seq_len}; raise it or check the data")
+    old, heldout, meta = start if start is not None else (None, [], {})
+    growth = Growth(**meta["growth"]) if start is not None else Growth()
+    stats = meta.get("stats", {}).get("build", {})
+    lengths, loss_tokens = list(meta.get("lengths", [])), list(meta.get("loss_tokens", []))
+    new, empty_rounds = [], 0
+    while True:
+        rnd = next_round(target, cfg, growth, work, progress, exclude)
+        examples = [e.truncated(cfg.max_seq_len) for e in rnd.examples]
+        kept = [e for e in examples if any(e.loss_mask)]  # a prompt longer than max_seq_len trains nothing
+        if growth.rounds == 0:
+            if not kept:
+                raise ValueError("no training example has an assistant token within data.max_seq_len="
+                                 f"{cfg.max_seq_len}; raise it or check the data")
+            heldout = [{"messages": r.prompt_messages(), "category": "heldout"} for r in rnd.heldout]
+        new += kept
+        lengths += [len(e.input_ids) for e in kept]
+        loss_tokens += [sum(e.loss_mask) for e in kept]
+        stats = add_stats(stats, {**rnd.stats, "dropped_without_loss": len(examples) - len(kept)})
+        growth.rounds, growth.keys, growth.exhausted = growth.rounds + 1, growth.keys + rnd.keys, rnd.exhausted
+        empty_rounds = 0 if kept else empty_rounds + 1
+        if empty_rounds == 3:  # dedup leaves nothing new: the source is spent
+            log.warning("three rounds in a row gave no new training example; data.max_tokens=%d not reached",
+                        cfg.max_tokens)
+            growth.exhausted = True
+        if cfg.max_tokens == 0 or sum(loss_tokens) >= cfg.max_tokens or growth.exhausted:
+            break
     train = datasets.Dataset.from_dict(
-        {"input_ids": [e.input_ids for e in kept], "loss_mask": [e.loss_mask for e in kept]},
-        features=TRAIN_FEATURES)
-    stats.update(
-        examples=len(kept), dropped_without_loss=len(examples) - len(kept),
-        tokens=sum(len(e.input_ids) for e in kept), assistant_tokens=sum(sum(e.loss_mask) for e in kept),
-        heldout=len(heldout), build_seconds=round(time.perf_counter() - t0, 3))
-    heldout_rows = [{"messages": r.prompt_messages(), "category": "heldout"} for r in heldout]
-    return train, heldout_rows, stats
+        {"input_ids": [e.input_ids for e in new], "loss_mask": [e.loss_mask for e in new]}, features=TRAIN_FEATURES)
+    if old is not None:
+        train = datasets.concatenate_datasets([old, train])
+    stats = add_stats(stats, {"build_seconds": time.perf_counter() - t0})
+    return train, heldout, {"stats": {"build": stats}, "growth": dataclasses.asdict(growth),
+                            "lengths": lengths, "loss_tokens": loss_tokens,
+                            "appended": {"examples": len(new), "tokens": sum(lengths[len(lengths) - len(new):]),
+                                         "seconds": round(time.perf_counter() - t0, 3)}}
 
 
-def _self_distilled(target: FrozenTarget, cfg: DataConfig, progress: bool):
-    sampled = sample_prompts(target, cfg, cfg.num_prompts + cfg.heldout_size, progress)
-    if len(sampled.prompts) <= cfg.heldout_size:
-        raise ValueError(
-            f"the target ended only {len(sampled.prompts)} of {sampled.samples} sampled user turns "
-            f"within data.max_prompt_tokens={cfg.max_prompt_tokens} (distinct, well formed): not enough "
-            f"for data.heldout_size={cfg.heldout_size} plus a training set; raise data.max_prompt_tokens "
-            "or data.prompt_sampling_budget")
-    records = [Record(key=p, messages=response_messages(cfg, p)) for p in sampled.prompts]
-    train, heldout, duplicates = split_records(records, cfg)
-    examples, replies = distill_responses(target, cfg, [r.key for r in train], progress)
-    generated = sampled.new_tokens + replies.new_tokens
-    seconds = sampled.seconds + replies.seconds
-    stats = {
-        "prompts_sampled": sampled.samples, "prompts_kept": len(sampled.prompts),
-        "duplicates_removed": duplicates,
-        "prompt_gen_seconds": round(sampled.seconds, 3), "prompt_gen_tokens": sampled.new_tokens,
-        "prompt_gen_tokens_per_s": _rate(sampled.new_tokens, sampled.seconds),
-        "prompt_gen_prompts_per_s": _rate(len(sampled.prompts), sampled.seconds),
-        "response_gen_seconds": round(replies.seconds, 3), "response_gen_tokens": replies.new_tokens,
-        "response_gen_tokens_per_s": _rate(replies.new_tokens, replies.seconds),
-        "response_gen_prompts_per_s": _rate(len(train), replies.seconds),
-        "responses_truncated": replies.finished.count(False),
-        "generation_seconds": round(seconds, 3), "generated_tokens": generated,
-        "generated_tokens_per_s": _rate(generated, seconds),
-    }
-    return examples, heldout, stats
-
-
-def _from_rows(target: FrozenTarget, cfg: DataConfig, work: Path):
-    scratch = work / "rows"  # the parsed files; not part of the bundle
-    records, skipped = to_records(cfg, load_rows(cfg, scratch))
-    shutil.rmtree(scratch, ignore_errors=True)
-    train, heldout, duplicates = split_records(records, cfg)
-    tok, end_ids = target.tokenizer, target.eos_token_ids
-    examples = [encode_chat(tok, r.messages, end_ids) if r.messages is not None else encode_text(tok, r.text)
-                for r in train]
-    stats = {"rows_skipped": skipped, "duplicates_removed": duplicates,
-             "generation_seconds": 0.0, "generated_tokens": 0, "generated_tokens_per_s": 0.0}
-    return examples, heldout, stats
-
-
-def _rate(count: int, seconds: float) -> float:
-    return round(count / seconds, 2) if seconds > 0 else 0.0
-
-
-def _split_rank(seed: int, key: str) -> str:
-    return hashlib.sha256(f"{seed}\n{normalise(key)}".encode()).hexdigest()
-
-
-def split_records(records: list[Record], cfg: DataConfig) -> tuple[list[Record], list[Record], int]:
-    """(train, heldout, duplicates removed). Records are deduplicated on their prompt and
-    ranked by a seeded hash of it: the first `heldout_size` are held out, the next
-    `num_prompts` (0: all) are trained on. A prompt's side depends on its text and the
-    seed only, never on row order, so held-out prompts never leak into train."""
-    unique: dict[str, Record] = {}
-    for r in records:
-        unique.setdefault(normalise(r.key), r)
-    if len(unique) <= cfg.heldout_size:
-        raise ValueError(f"only {len(unique)} distinct prompts: not enough for data.heldout_size="
-                         f"{cfg.heldout_size} plus a training set")
-    ranked = sorted(unique.values(), key=lambda r: _split_rank(cfg.seed, r.key))
-    heldout, train = ranked[: cfg.heldout_size], ranked[cfg.heldout_size:]
-    if cfg.num_prompts:
-        train = train[: cfg.num_prompts]
-    return train, heldout, len(records) - len(unique)
+def _select(train: datasets.Dataset, heldout: list[dict], meta: dict, cfg: DataConfig, fingerprint: str,
+            path: Path, from_cache: bool = False) -> DataBundle:
+    """The shortest prefix of the cached examples with `cfg.max_tokens` training tokens
+    (all of them without a budget), and the stats of it and of the whole cache."""
+    if "growth" not in meta:  # a bundle from before budgets: its stats are already the run's
+        return DataBundle(train, heldout, fingerprint, path, meta["stats"], from_cache)
+    lengths, loss_tokens = meta["lengths"], meta["loss_tokens"]
+    n, reached = len(lengths), 0
+    if cfg.max_tokens:
+        for i, count in enumerate(loss_tokens):
+            reached += count
+            if reached >= cfg.max_tokens:
+                n = i + 1
+                break
+    build = with_rates(meta["stats"]["build"])
+    seconds = build.get("build_seconds", 0.0)
+    cache = {"examples": len(lengths), "tokens": sum(lengths), "loss_tokens": sum(loss_tokens),
+             "bytes": bundle_bytes(path), "seconds": seconds, "tok_s": round(sum(lengths) / seconds, 2) if seconds else 0.0,
+             "rounds": meta["growth"]["rounds"], "exhausted": meta["growth"]["exhausted"],
+             "appended_now": None if from_cache else meta["appended"]}
+    stats = {**build, "examples": n, "tokens": sum(lengths[:n]), "assistant_tokens": sum(loss_tokens[:n]),
+             "heldout": len(heldout), "max_tokens": cfg.max_tokens, "cache": cache}
+    if cfg.max_tokens and sum(loss_tokens[:n]) < cfg.max_tokens:
+        log.warning("data source exhausted: %d training tokens of data.max_tokens=%d", sum(loss_tokens[:n]),
+                    cfg.max_tokens)
+    return DataBundle(train.select(range(n)) if n < len(train) else train, heldout, fingerprint, path, stats, from_cache)

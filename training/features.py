@@ -29,6 +29,8 @@ from tqdm.auto import tqdm
 from speclab.speculator.base import Features
 from speclab.speculator.target import FrozenTarget
 
+from .cache_lock import build_lock, ensure_free_space, publish_dir, reserve, work_dir_for
+
 COMPLETE_MARKER = "COMPLETE"
 _NP_DTYPES = {"fp32": np.float32, "fp16": np.float16, "bf16": np.float32}
 # numpy has no bfloat16: bf16 features are stored as the upper halves of fp32 words.
@@ -90,19 +92,29 @@ def build_feature_store(target: FrozenTarget, examples, data_fingerprint: str, c
     if dtype not in _NP_DTYPES:
         raise ValueError(f"unknown feature_dtype {dtype!r}; valid: {sorted(_NP_DTYPES)}")
     out = cache_dir / feature_fingerprint(data_fingerprint, target, dtype)
-    store = None
-    if (out / COMPLETE_MARKER).is_file():
-        try:
-            store = open_feature_store(out)
-        except Exception:  # a damaged cache is rebuilt, never trusted
-            shutil.rmtree(out, ignore_errors=True)
+    store = _complete_store(out)
     if store is None:
-        _write_feature_store(target, examples, out, dtype, batch_size, progress)
-        store = open_feature_store(out)
-    missing = sorted({i for i in layer_ids if not _layer_ok(store, i)})
-    if missing:
-        _write_layers(target, store, missing, batch_size, progress)
+        with build_lock(out):  # a second writer waits here, then reuses the first one's store
+            store = _complete_store(out)
+            if store is None:
+                shutil.rmtree(out, ignore_errors=True)  # absent or damaged: rebuilt, never trusted
+                _write_feature_store(target, examples, out, dtype, batch_size, progress)
+                store = open_feature_store(out)
+    if any(not _layer_ok(store, i) for i in layer_ids):
+        with build_lock(out):
+            missing = sorted({i for i in layer_ids if not _layer_ok(store, i)})  # another run may have added them
+            if missing:
+                _write_layers(target, store, missing, batch_size, progress)
     return open_feature_store(out, layer_ids)
+
+
+def _complete_store(out: Path) -> FeatureStore | None:
+    if not (out / COMPLETE_MARKER).is_file():
+        return None
+    try:
+        return open_feature_store(out)
+    except Exception:  # damaged: the caller rebuilds it under the lock
+        return None
 
 
 _BASE_FILES = ("offsets.npy", "input_ids.npy", "loss_mask.npy", "hidden.npy", COMPLETE_MARKER)
@@ -149,16 +161,25 @@ def _store_rows(array: np.ndarray, lo: int, rows: torch.Tensor, dtype: str) -> N
 
 def _new_memmap(path: Path, target: FrozenTarget, tokens: int, dtype: str) -> np.ndarray:
     width = target.hidden_size // 2 if dtype == "bf16" else target.hidden_size
-    return np.lib.format.open_memmap(path, mode="w+", dtype=_NP_DTYPES[dtype], shape=(tokens, width))
+    ensure_free_space(path, tokens * width * np.dtype(_NP_DTYPES[dtype]).itemsize)
+    array = np.lib.format.open_memmap(path, mode="w+", dtype=_NP_DTYPES[dtype], shape=(tokens, width))
+    reserve(path, os.path.getsize(path))  # the blocks exist before the first write: no SIGBUS
+    return array
 
 
 def _write_feature_store(target, examples, out: Path, dtype: str, batch_size: int, progress: bool) -> None:
     ids = [list(e["input_ids"]) for e in examples]
     masks = [list(e["loss_mask"]) for e in examples]
     offsets = np.concatenate([[0], np.cumsum([len(x) for x in ids])]).astype(np.int64)
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    tmp = work_dir_for(out)  # this writer's own folder: never shared with a concurrent build
+    try:
+        _fill_feature_store(target, ids, masks, offsets, tmp, dtype, batch_size, progress)
+        publish_dir(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone already unless the build failed
+
+
+def _fill_feature_store(target, ids, masks, offsets, tmp: Path, dtype: str, batch_size: int, progress: bool) -> None:
     np.save(tmp / "offsets.npy", offsets)
     np.save(tmp / "input_ids.npy", np.concatenate([np.asarray(x, dtype=np.int32) for x in ids]))
     np.save(tmp / "loss_mask.npy", np.concatenate([np.asarray(m, dtype=np.uint8) for m in masks]))
@@ -168,8 +189,6 @@ def _write_feature_store(target, examples, out: Path, dtype: str, batch_size: in
     hidden.flush()
     del hidden
     (tmp / COMPLETE_MARKER).write_text(json.dumps({"dtype": dtype, "tokens": int(offsets[-1])}))
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
 
 
 def _write_layers(target: FrozenTarget, store: FeatureStore, layer_ids: list[int], batch_size: int,

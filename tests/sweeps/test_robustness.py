@@ -5,6 +5,7 @@ exit codes, malformed results, resource failures, JSONL errors, the dashboard, t
 """
 
 import json
+import multiprocessing as mp
 import os
 import pickle
 import subprocess
@@ -13,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import torch
 from test_export import TINY_TARGET_CONFIG, make_speculator_run
 from test_sweeps_run import SMALLEST, TINY
 
@@ -177,3 +179,76 @@ def test_quick_sweep_through_the_joblib_launcher(tmp_path):
     results = [json.loads(p.read_text()) for p in runs.rglob("result.json")]
     assert sorted((r["speculator"]["family"], r["status"]) for r in results) == [
         ("draft_lm", "completed"), ("mlp", "completed")], [r.get("error") for r in results]
+
+
+# --- 3. concurrent cache builds: one writer, the other reuses, every row right ----------------
+
+
+def _race_examples(n=48):
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for i in range(n):
+        T = 8 + (7 * i) % 29
+        out.append({"input_ids": torch.randint(0, 300, (T,), generator=g).tolist(), "loss_mask": [0] * 3 + [1] * (T - 3)})
+    return out
+
+
+def _build_features_after(barrier, cache, queue):
+    import speclab.training.features as features
+
+    torch.set_num_threads(1)
+    writes = []
+    real_write = features._write_feature_store
+    features._write_feature_store = lambda *a, **k: (writes.append(1), real_write(*a, **k))
+    target = tiny_llama(seed=0)
+    barrier.wait()  # both processes ask for the same missing cache at once
+    store = features.build_feature_store(target, _race_examples(), "race", cache, batch_size=4, progress=False)
+    queue.put((len(writes), os.stat(store.path / "hidden.npy").st_ino))
+
+
+def _race(target_fn, *args):
+    ctx = mp.get_context("fork")
+    barrier, queue = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=target_fn, args=(barrier, *args, queue)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(300)
+    assert [p.exitcode for p in procs] == [0, 0]
+    return [queue.get(timeout=5) for _ in procs]
+
+
+def test_two_processes_building_one_feature_cache(tmp_path, tiny_target):
+    from speclab.training.features import open_feature_store
+
+    cache = tmp_path / "features"
+    reports = _race(_build_features_after, cache)
+    assert sorted(w for w, _ in reports) == [0, 1]  # one writer; the other waited and reused its store
+    assert len({inode for _, inode in reports}) == 1  # both read the very same published file
+    (final,) = [p for p in cache.iterdir() if not p.name.startswith(".")]
+    assert not [p for p in cache.iterdir() if ".tmp" in p.name]  # no work folder left
+    store = open_feature_store(final)
+    for i, e in enumerate(_race_examples()):  # every token row, against a fresh forward
+        fresh = tiny_target(torch.tensor([e["input_ids"]]), logits_for="none").hidden[0]
+        torch.testing.assert_close(store.example(i)["hidden"], fresh, rtol=1e-5, atol=1e-5)  # padding: a few ulps
+
+
+def _build_data_after(barrier, cache, source, queue):
+    from speclab.training import data as data_module
+
+    torch.set_num_threads(1)
+    target = tiny_llama(seed=0)
+    cfg = data_module.DataConfig(source="jsonl", path=str(source), num_prompts=0, heldout_size=1)
+    barrier.wait()
+    bundle = data_module.build_dataset(target, cfg, cache, progress=False)
+    queue.put((bundle.from_cache, [list(r["input_ids"]) for r in bundle.train]))
+
+
+def test_two_processes_building_one_data_cache(tmp_path):
+    source = tmp_path / "chats.jsonl"
+    source.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"q{i}"},
+                                                       {"role": "assistant", "content": f"answer {i}"}]}) + "\n"
+                              for i in range(40)))
+    reports = _race(_build_data_after, tmp_path / "data", source)
+    assert sorted(from_cache for from_cache, _ in reports) == [False, True]  # built once, reused once
+    assert reports[0][1] == reports[1][1] and len(reports[0][1]) == 39
