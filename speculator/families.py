@@ -1,3 +1,3 @@
 """Imports every family module so that each registers itself."""
 
-from . import draft_lm, eagle, eagle3, hydra, lstm, medusa, mlp  # noqa: F401
+from . import draft_lm, eagle, eagle3, hybrid, hydra, lstm, medusa, mlp, ngram, suffix  # noqa: F401

@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from speclab.eval.benchmark import score
 from speclab.eval.prompts import encode_prompt, humaneval_prompts, load_prompts
 from speclab.speculator.base import Speculator, TargetInfo, build_config, build_speculator, speculator_class
+from speclab.speculator.lookup import TrainingFree
 from speclab.speculator.target import FrozenTarget
 from speclab.speculator.targets import cache_root
 from speclab.training.data import DataConfig, build_dataset
@@ -66,7 +67,7 @@ def prepare(cfg: DictConfig) -> Prepared:
     return Prepared(target, FeatureDataset(examples=data.train), counts, data.heldout, data.stats, None)
 
 
-def new_speculator(cfg: DictConfig, target: FrozenTarget, token_counts: torch.Tensor) -> Speculator:
+def new_speculator(cfg: DictConfig, target: FrozenTarget, token_counts: torch.Tensor | None) -> Speculator:
     """The configured family, freshly initialised against `target` (counts: its reduced vocabulary)."""
     return build_speculator(cfg.speculator.family, _params(cfg.speculator),
                             TargetInfo.of(target).with_counts(token_counts))
@@ -123,28 +124,10 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         seed_everything(cfg.seed)
-        prep = prepare(cfg)
-        speculator = new_speculator(cfg, prep.target, prep.token_counts)
-        result["speculator"] = {"family": speculator.family, "params": speculator.num_params()}
-        result["data"] = {**prep.data_stats, "feature_bytes_per_token": prep.feature_bytes_per_token}
-        heldout, token_counts = prep.heldout, prep.token_counts
-        # Each training attempt is a child process that loads its own target: the parent's
-        # copy is dropped meanwhile (on a GPU it would take the memory training needs) and
-        # loaded again for scoring (the conversion is cached; a seeded target rebuilds equal).
-        del prep, speculator
-        release_memory()
-        seed_everything(cfg.seed)
-        outcome = supervise(train_attempt, (result["config"], str(run_dir)), run_dir,
-                            SupervisorConfig(**result["config"]["training"]["supervisor"]))
-        result["train"] = outcome.train
-        outcome.raise_if_failed()
-        target: FrozenTarget = instantiate(cfg.target)
-        speculator = new_speculator(cfg, target, token_counts)
-        speculator.load_state_dict(final_weights(run_dir / CHECKPOINTS))
-        speculator.save(run_dir / SPECULATOR_DIR,
-                        extra={"target_config": OmegaConf.to_container(cfg.target, resolve=True)})
-        result["checkpoint"] = str(SPECULATOR_DIR)
-        result["final_weights_sha256"] = weights_sha256(speculator.state_dict())
+        if issubclass(speculator_class(cfg.speculator.family), TrainingFree):
+            target, speculator, heldout = untrained(cfg, result)
+        else:
+            target, speculator, heldout = trained(cfg, run_dir, result)
         scored = evaluate(cfg, target, speculator, eval_prompts(cfg, heldout))
         result.update({key: scored[key] for key in ("acceptance", "throughput", "lossless", "timing", "ci")
                        if key in scored})
@@ -162,6 +145,48 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict:
         result["wall_s"] = time.time() - start
         write_result(run_dir, result)
     return result
+
+
+def trained(cfg: DictConfig, run_dir: Path, result: dict) -> tuple[FrozenTarget, Speculator, list[dict]]:
+    """Train the speculator (supervised child processes), save it, and return it with a
+    fresh target and the held-out prompts; fills result's speculator, data, train,
+    checkpoint and weights fields."""
+    prep = prepare(cfg)
+    speculator = new_speculator(cfg, prep.target, prep.token_counts)
+    result["speculator"] = {"family": speculator.family, "params": speculator.num_params()}
+    result["data"] = {**prep.data_stats, "feature_bytes_per_token": prep.feature_bytes_per_token}
+    heldout, token_counts = prep.heldout, prep.token_counts
+    # Each training attempt is a child process that loads its own target: the parent's
+    # copy is dropped meanwhile (on a GPU it would take the memory training needs) and
+    # loaded again for scoring (the conversion is cached; a seeded target rebuilds equal).
+    del prep, speculator
+    release_memory()
+    seed_everything(cfg.seed)
+    outcome = supervise(train_attempt, (result["config"], str(run_dir)), run_dir,
+                        SupervisorConfig(**result["config"]["training"]["supervisor"]))
+    result["train"] = outcome.train
+    outcome.raise_if_failed()
+    target: FrozenTarget = instantiate(cfg.target)
+    speculator = new_speculator(cfg, target, token_counts)
+    speculator.load_state_dict(final_weights(run_dir / CHECKPOINTS))
+    speculator.save(run_dir / SPECULATOR_DIR,
+                    extra={"target_config": OmegaConf.to_container(cfg.target, resolve=True)})
+    result["checkpoint"] = str(SPECULATOR_DIR)
+    result["final_weights_sha256"] = weights_sha256(speculator.state_dict())
+    return target, speculator, heldout
+
+
+def untrained(cfg: DictConfig, result: dict) -> tuple[FrozenTarget, Speculator, list[dict]]:
+    """A training-free family: nothing to train or save. The data is still built (or read
+    from the sweep's cache) because its held-out prompts are part of the eval set, the same
+    prompts the learned runs are scored on."""
+    target: FrozenTarget = instantiate(cfg.target)
+    data = build_dataset(target, DataConfig(**OmegaConf.to_container(cfg.data, resolve=True)))
+    speculator = new_speculator(cfg, target, None)
+    result["speculator"] = {"family": speculator.family, "params": speculator.num_params()}
+    result["data"] = {**data.stats, "feature_bytes_per_token": None}
+    result["train"] = {"steps": 0, "tokens": 0, "wall_s": 0.0, "final_loss": None, "restarts": 0, "rollbacks": 0}
+    return target, speculator, data.heldout
 
 
 def _inside(path: Path, root: str) -> bool:

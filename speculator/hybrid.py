@@ -1,0 +1,123 @@
+"""Hybrid drafting: a learned speculator and the training-free suffix drafter, step by step.
+
+At every step the suffix drafter's match length m at the pending token decides: m >=
+min_match and the step's whole draft (chain or tree) is the suffix drafter's, else the
+learned family's. A long match is where copying beats any model (repeated code, quoted
+prompt text: the suffix drafts long and right), and a short one is where a model that
+read the target's features guesses better. Deciding once per step, from the state and the
+pending token only, keeps `extend` equal to `propose` on every path.
+
+Training trains the learned part alone (its loss, its shift, its layers); the suffix part
+has no parameters. Drafts are over the whole target vocabulary: a learned part with a
+reduced draft vocabulary has its logits spread onto it, FLOOR off its vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .base import Features, Speculator, TargetInfo, build_config, register, speculator_class
+from .lookup import FLOOR, TrainingFree
+from .suffix import SuffixSpeculator
+
+
+@dataclass
+class HybridConfig:
+    learned: dict = field(default_factory=lambda: {"family": "mlp"})
+    """The learned family and its options: {family: <name>, <option>: <value>, ...}."""
+    suffix: dict = field(default_factory=dict)
+    """Options of the suffix drafter (speculator/suffix.py); {}: its defaults."""
+    min_match: int = 4
+    """The rule: a step drafts with suffix when its match at the pending token is this long."""
+    draft_vocab_size: int = 0
+    """Always 0: drafts are over the whole vocabulary (the learned part has its own)."""
+
+
+@dataclass
+class HybridState:
+    learned: Any
+    suffix: Any
+
+
+def learned_part(config: HybridConfig) -> tuple[type[Speculator], Any]:
+    """The learned family's class and its config, checked."""
+    options = dict(config.learned)
+    family = options.pop("family", None)
+    cls = speculator_class(family) if family else None
+    if cls is None or issubclass(cls, (TrainingFree, HybridSpeculator)):
+        raise ValueError(f"hybrid.learned.family must be a learned family, got {family!r}")
+    return cls, build_config(family, options)
+
+
+@register
+class HybridSpeculator(Speculator):
+    family = "hybrid"
+    Config = HybridConfig
+    # The union of what any learned family reads from the live target (load_speculator).
+    target_tensors = ("embed_weight", "lm_head_weight")
+
+    def __init__(self, config: HybridConfig, target: TargetInfo):
+        super().__init__(config, target)
+        cls, learned_config = learned_part(config)
+        self.learned = cls(learned_config, target)
+        self.suffix = SuffixSpeculator(build_config("suffix", config.suffix), target)
+
+    @property
+    def shift(self) -> int:
+        return self.learned.shift
+
+    @classmethod
+    def layer_ids_for(cls, config: HybridConfig, num_layers: int) -> tuple[int, ...]:
+        learned_cls, learned_config = learned_part(config)
+        return learned_cls.layer_ids_for(learned_config, num_layers)
+
+    @property
+    def target_layer_ids(self) -> tuple[int, ...]:
+        return self.learned.target_layer_ids
+
+    # --- training: the learned part's --------------------------------------------------
+
+    def loss(self, feats: Features, objective, target_head):
+        return self.learned.loss(feats, objective, target_head)
+
+    def draft_logits(self, feats: Features) -> torch.Tensor:  # [B, P, T, V]
+        return self.widen(self.learned.draft_logits(feats))
+
+    # --- inference ---------------------------------------------------------------------
+
+    def max_draft_len(self) -> int | None:
+        return self.learned.max_draft_len()
+
+    def start(self, prompt_ids, prompt_hidden, layers=None) -> HybridState:
+        return HybridState(self.learned.start(prompt_ids, prompt_hidden, layers),
+                           self.suffix.start(prompt_ids, prompt_hidden))
+
+    def uses_suffix(self, state: HybridState, pending: torch.Tensor) -> bool:
+        return self.suffix.match_length(state.suffix, int(pending)) >= self.config.min_match
+
+    def propose(self, state: HybridState, pending: torch.Tensor, k: int):
+        if self.uses_suffix(state, pending):
+            return self.suffix.propose(state.suffix, pending, k)
+        drafts, logits = self.learned.propose(state.learned, pending, k)
+        return drafts, self.widen(logits)
+
+    def extend(self, state: HybridState, pending: torch.Tensor, paths: torch.Tensor) -> torch.Tensor:
+        if self.uses_suffix(state, pending):
+            return self.suffix.extend(state.suffix, pending, paths)
+        return self.widen(self.learned.extend(state.learned, pending, paths))
+
+    def accept(self, state: HybridState, committed, hidden, layers=None) -> None:
+        self.learned.accept(state.learned, committed, hidden, layers)
+        self.suffix.accept(state.suffix, committed, hidden)
+
+    def widen(self, logits: torch.Tensor) -> torch.Tensor:  # [..., N] -> [..., V]
+        """The learned part's logits over its draft vocabulary, placed on the whole vocabulary."""
+        vocab = self.learned.vocab
+        if vocab.full:
+            return logits
+        out = logits.new_full((*logits.shape[:-1], vocab.target_vocab), FLOOR)
+        out[..., vocab.ids] = logits
+        return out
