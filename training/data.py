@@ -52,6 +52,7 @@ class DataBundle:
     stats: dict  # the trained prefix's examples, tokens, assistant_tokens; the build's generation
     # seconds and tokens/s; `cache`: the whole bundle's tokens, bytes, seconds, tok/s
     from_cache: bool = False  # loaded from an earlier build, nothing generated
+    built_now: dict | None = None  # what this call built or appended: examples, tokens, seconds
 
 
 def build_dataset(target: FrozenTarget, cfg: DataConfig, cache_dir: Path | None = None,
@@ -72,19 +73,23 @@ def build_dataset(target: FrozenTarget, cfg: DataConfig, cache_dir: Path | None 
     if cached is not None and _covers(cached[2], cfg):
         log.info("data %s loaded from cache %s", fingerprint, final)
         return _select(*cached, cfg, fingerprint, final, from_cache=True)
-    if cached is not None and "growth" not in cached[2]:
-        cached = None  # built before bundles recorded how to extend them: rebuilt whole
-    if cached is None:
-        shutil.rmtree(final, ignore_errors=True)  # incomplete or damaged: rebuild from scratch
-    work = new_work_dir(root, fingerprint)
-    try:
-        with datasets_progress(progress):
-            train, heldout, meta = _grow(target, cfg, cached, work, progress, exclude)
-            write_bundle(work, fingerprint, train, heldout,
-                         {"config": dataclasses.asdict(cfg), "target": target.name, **meta})
-        (replace_bundle if cached is not None else publish)(work, final)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)  # gone already unless the build failed
+    with build_lock(final):  # a second writer waits here, then reuses (or extends) the first one's bundle
+        cached = read_bundle(final, fingerprint)
+        if cached is not None and _covers(cached[2], cfg):
+            return _select(*cached, cfg, fingerprint, final, from_cache=True)
+        if cached is not None and "growth" not in cached[2]:
+            cached = None  # built before bundles recorded how to extend them: rebuilt whole
+        if cached is None:
+            shutil.rmtree(final, ignore_errors=True)  # incomplete or damaged: rebuild from scratch
+        work = new_work_dir(root, fingerprint)
+        try:
+            with datasets_progress(progress):
+                train, heldout, meta = _grow(target, cfg, cached, work, progress, exclude)
+                write_bundle(work, fingerprint, train, heldout,
+                             {"config": dataclasses.asdict(cfg), "target": target.name, **meta})
+            (replace_bundle if cached is not None else publish)(work, final)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)  # gone already unless the build failed
     # Reload from the published bundle so the train set is memory-mapped from the cache.
     published = read_bundle(final, fingerprint)
     if published is None:
@@ -162,11 +167,11 @@ def _select(train: datasets.Dataset, heldout: list[dict], meta: dict, cfg: DataC
     seconds = build.get("build_seconds", 0.0)
     cache = {"examples": len(lengths), "tokens": sum(lengths), "loss_tokens": sum(loss_tokens),
              "bytes": bundle_bytes(path), "seconds": seconds, "tok_s": round(sum(lengths) / seconds, 2) if seconds else 0.0,
-             "rounds": meta["growth"]["rounds"], "exhausted": meta["growth"]["exhausted"],
-             "appended_now": None if from_cache else meta["appended"]}
+             "rounds": meta["growth"]["rounds"], "exhausted": meta["growth"]["exhausted"]}
     stats = {**build, "examples": n, "tokens": sum(lengths[:n]), "assistant_tokens": sum(loss_tokens[:n]),
              "heldout": len(heldout), "max_tokens": cfg.max_tokens, "cache": cache}
     if cfg.max_tokens and sum(loss_tokens[:n]) < cfg.max_tokens:
         log.warning("data source exhausted: %d training tokens of data.max_tokens=%d", sum(loss_tokens[:n]),
                     cfg.max_tokens)
-    return DataBundle(train.select(range(n)) if n < len(train) else train, heldout, fingerprint, path, stats, from_cache)
+    return DataBundle(train.select(range(n)) if n < len(train) else train, heldout, fingerprint, path, stats, from_cache,
+                      None if from_cache else meta["appended"])

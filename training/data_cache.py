@@ -22,6 +22,7 @@ import torch
 
 from speclab.speculator.target import FrozenTarget
 
+from .code_source import listing_fingerprint, roots_of
 from .data_config import DataConfig, fields_that_matter
 from .data_sources import source_files
 
@@ -72,14 +73,19 @@ def _files_fingerprint(paths: list[Path]) -> str:
     return h.hexdigest()
 
 
-def data_fingerprint(target: FrozenTarget, cfg: DataConfig) -> str:
+def data_fingerprint(target: FrozenTarget, cfg: DataConfig, exclude: list[str] | tuple = ()) -> str:
     """What the built data depends on. Tokenising a file depends on the tokenizer only;
-    self-distilled data on the exact model (and dtype) that generated it."""
+    self-distilled data on the exact model (and dtype) that generated it; mined Python source
+    on the files' listing and on the texts it must not overlap (`exclude`)."""
     parts = {"format": DATA_FORMAT_VERSION, "config": fields_that_matter(cfg),
              "tokenizer": tokenizer_fingerprint(target.tokenizer)}
-    if cfg.source == "self_distill":
+    if cfg.source in ("self_distill", "code_prompts"):
         parts["model"] = model_fingerprint(target)
-    elif cfg.source != "hub":  # a hub data set is named by id/subset/split, already in config
+    if cfg.source in ("code_prompts", "code_corpus"):
+        parts["python_source"] = listing_fingerprint(roots_of(cfg.path))
+    if cfg.source == "code_prompts":
+        parts["exclude"] = _sha(sorted(exclude))
+    elif cfg.source in ("jsonl", "text", "parquet"):  # a hub data set is named by id/subset/split, already in config
         parts["files"] = _files_fingerprint(source_files(cfg))
     return _sha(parts)[:16]
 
@@ -121,6 +127,23 @@ def publish(work: Path, final: Path) -> None:
             os.replace(work, final)
         else:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def replace_bundle(work: Path, final: Path) -> None:
+    """Put an extended bundle in place of the one it extends. The old one is renamed aside
+    first, so a reader finds the old bundle, nothing (and waits or builds), or the new one,
+    never a mixture."""
+    aside = final.with_name(f".{final.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        os.replace(final, aside)
+    except FileNotFoundError:
+        pass
+    publish(work, final)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def bundle_bytes(bundle: Path) -> int:
+    return sum(p.stat().st_size for p in bundle.rglob("*") if p.is_file())
 
 
 def read_bundle(bundle: Path, fingerprint: str) -> tuple[datasets.Dataset, list[dict], dict] | None:

@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-Source = Literal["self_distill", "jsonl", "text", "parquet", "hub"]
+Source = Literal["self_distill", "code_prompts", "jsonl", "text", "parquet", "hub", "code_corpus"]
 SOURCES: tuple[str, ...] = get_args(Source)
 
 # Magpie's user turns follow the system prompt they are sampled under, so these steer the
@@ -31,12 +31,16 @@ class DataConfig:
 
     source: Source = "self_distill"
     """self_distill: prompts and greedy responses sampled from the target itself (Magpie-style,
-    no download); jsonl / parquet: a local file of chat rows; text: a local plain-text file
-    (loss on every token); hub: a Hugging Face hub data set (needs a network)."""
+    no download); code_prompts: self-distilled responses to HumanEval-style prompts mined from
+    Python source, mixed with Magpie-style ones (`mix`); jsonl / parquet: a local file of chat
+    rows; text: a local plain-text file (loss on every token); hub: a Hugging Face hub data set
+    (needs a network); code_corpus: Python source teacher-forced (loss on every token)."""
 
     # --- where the rows are (file and hub sources) ---------------------------------------
     path: str | None = None
-    """Local file (or directory of files) for source jsonl, text or parquet."""
+    """Local file (or directory of files) for source jsonl, text or parquet; for code_prompts
+    and code_corpus a folder of Python source (None: the interpreter's standard library and
+    installed packages)."""
     name: str | None = None
     """Hub data set id for source=hub, e.g. HuggingFaceH4/ultrachat_200k."""
     subset: str | None = None
@@ -56,8 +60,20 @@ class DataConfig:
 
     # --- how much --------------------------------------------------------------------------
     num_prompts: int = 256
-    """Training conversations to keep (self_distill: distinct prompts to sample, beyond the
-    held-out ones). 0 keeps every row of a file or hub source."""
+    """Training conversations to keep (self_distill, code_prompts: distinct prompts per round,
+    beyond the held-out ones; code_corpus: source files per round). 0 keeps every row of a
+    file or hub source (code_corpus: every file, one round)."""
+    max_tokens: int = 0
+    """Training-token budget: tokens with a loss (assistant replies; every token of a
+    teacher-forced corpus). 0: one round of `num_prompts`. Otherwise rounds are built until the
+    budget is met and training takes the shortest prefix of examples that reaches it; a later
+    run with a bigger budget extends the cached data instead of rebuilding it."""
+    mix: float = 0.5
+    """code_prompts: share of each round's prompts mined from Python source; the rest are
+    sampled Magpie-style from the target (0: all Magpie, 1: all mined)."""
+    text_split: Literal["paragraph", "chunk"] = "paragraph"
+    """text: one example per blank-line paragraph, or each file cut into `max_seq_len`-token
+    chunks (longer contexts; code_corpus always chunks)."""
     heldout_size: int = 16
     """Distinct prompts set aside for evaluation, never used in training."""
     max_seq_len: int = 512
@@ -89,7 +105,9 @@ class DataConfig:
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
             raise ValueError(f"unknown data source {self.source!r}; valid: {', '.join(SOURCES)}")
-        if self.source in ("jsonl", "text", "parquet") and self.path in (None, "", "???"):  # ???: Hydra's unset
+        if self.path == "???":  # Hydra's unset marker: a source that may omit the path must not see it
+            self.path = None
+        if self.source in ("jsonl", "text", "parquet") and self.path in (None, ""):  # ???: Hydra's unset
             raise ValueError(f"data.source={self.source} needs data.path=<local file>")
         if self.source == "hub" and not self.name:
             raise ValueError("data.source=hub needs data.name=<hub data set id>")
@@ -97,10 +115,14 @@ class DataConfig:
         for key in positive:
             if getattr(self, key) <= 0:
                 raise ValueError(f"data.{key} must be positive, got {getattr(self, key)}")
-        if self.num_prompts < 0 or self.heldout_size < 0:
-            raise ValueError("data.num_prompts and data.heldout_size must be >= 0")
-        if self.source == "self_distill" and self.num_prompts == 0:
-            raise ValueError("data.source=self_distill needs data.num_prompts > 0")
+        if self.num_prompts < 0 or self.heldout_size < 0 or self.max_tokens < 0:
+            raise ValueError("data.num_prompts, data.heldout_size and data.max_tokens must be >= 0")
+        if self.source in ("self_distill", "code_prompts") and self.num_prompts == 0:
+            raise ValueError(f"data.source={self.source} needs data.num_prompts > 0")
+        if not 0 <= self.mix <= 1:
+            raise ValueError(f"data.mix must be in [0, 1], got {self.mix}")
+        if self.text_split not in ("paragraph", "chunk"):
+            raise ValueError(f"data.text_split must be paragraph or chunk, got {self.text_split!r}")
         if self.prompt_temperature <= 0 or not 0 < self.prompt_top_p <= 1:
             raise ValueError("data.prompt_temperature must be > 0 and data.prompt_top_p in (0, 1]")
         if self.prompt_sampling_budget < 1:
@@ -116,16 +138,22 @@ _SAMPLING_FIELDS = {
 }
 _HUB_FIELDS = {"name", "subset", "split"}
 _COLUMN_FIELDS = {"messages_field", "prompt_field", "response_field", "text_field"}
+_FILE_FIELDS = _HUB_FIELDS | {"mix", "text_split"}
 _IGNORED_BY_SOURCE: dict[str, set[str]] = {
-    "self_distill": {"path"} | _HUB_FIELDS | _COLUMN_FIELDS,
-    "jsonl": _SAMPLING_FIELDS | _HUB_FIELDS,
-    "parquet": _SAMPLING_FIELDS | _HUB_FIELDS,
-    "text": _SAMPLING_FIELDS | _HUB_FIELDS | _COLUMN_FIELDS,
-    "hub": _SAMPLING_FIELDS | {"path"},
+    "self_distill": {"path", "mix", "text_split"} | _HUB_FIELDS | _COLUMN_FIELDS,
+    "code_prompts": {"text_split"} | _HUB_FIELDS | _COLUMN_FIELDS,
+    "jsonl": _SAMPLING_FIELDS | _FILE_FIELDS,
+    "parquet": _SAMPLING_FIELDS | _FILE_FIELDS,
+    "text": _SAMPLING_FIELDS | _HUB_FIELDS | _COLUMN_FIELDS | {"mix"},
+    "hub": _SAMPLING_FIELDS | {"path", "mix", "text_split"},
+    "code_corpus": _SAMPLING_FIELDS | _FILE_FIELDS | _COLUMN_FIELDS,
 }
+# The budget only says how many rounds to build and how long a prefix to train on: runs
+# with different budgets share one cache, which grows (appends) when a bigger one asks.
+_NEVER_FINGERPRINTED = {"max_tokens"}
 
 
 def fields_that_matter(cfg: DataConfig) -> dict:
     """The config fields that can change what `cfg.source` builds."""
-    ignored = _IGNORED_BY_SOURCE[cfg.source]
+    ignored = _IGNORED_BY_SOURCE[cfg.source] | _NEVER_FINGERPRINTED
     return {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ignored}

@@ -80,11 +80,12 @@ def datasets_progress(enabled: bool) -> Iterator[None]:
 def load_rows(cfg: DataConfig, scratch_dir: Path) -> datasets.Dataset:
     """The raw rows of a file or hub source. Local files are parsed into `scratch_dir`
     (not the global `datasets` cache); hub data sets use the usual hub cache.
-    A text file gives one row per paragraph (blank-line separated)."""
+    A text file gives one row per paragraph (blank-line separated), or per file when chunked."""
     if cfg.source == "hub":
         return _load_hub(cfg)
     files = [str(p) for p in source_files(cfg)]
-    extra = {"sample_by": "paragraph"} if cfg.source == "text" else {}
+    unit = "document" if cfg.text_split == "chunk" else "paragraph"  # chunk: whole files, cut later
+    extra = {"sample_by": unit} if cfg.source == "text" else {}
     try:
         return datasets.load_dataset(_BUILDERS[cfg.source], data_files=files, split="train",
                                      cache_dir=str(scratch_dir), **extra)

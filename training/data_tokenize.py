@@ -101,3 +101,12 @@ def encode_text(tokenizer, text: str) -> Encoded:
     """Raw text: the tokenizer's own special tokens (e.g. BOS), loss on every token."""
     ids = tokenizer(text).input_ids
     return Encoded(ids, [1] * len(ids))
+
+
+def encode_chunks(tokenizer, text: str, max_len: int) -> list[Encoded]:
+    """A whole document, loss on every token, cut into pieces of `max_len` tokens: contexts
+    as long as training takes, where blank-line paragraphs average a few dozen tokens. A
+    last piece of one token has nothing to predict and is dropped."""
+    ids = tokenizer(text).input_ids
+    return [Encoded(ids[i : i + max_len], [1] * len(ids[i : i + max_len]))
+            for i in range(0, len(ids), max_len) if len(ids) - i > 1]

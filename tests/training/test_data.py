@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from speclab.speculator.targets import tiny_llama
 from speclab.training import data as data_module
-from speclab.training import data_sources
+from speclab.training import data_rounds, data_sources
 from speclab.training.data import DataBundle, DataConfig, build_dataset, split_records
 from speclab.training.data_config import fields_that_matter
 from speclab.training.data_sources import Record
@@ -96,8 +96,8 @@ def test_second_build_loads_the_cache_without_generating(target, tmp_path, monke
     def no_generation(*args, **kwargs):
         raise AssertionError("generated although the data set is cached")
 
-    monkeypatch.setattr(data_module, "sample_prompts", no_generation)
-    monkeypatch.setattr(data_module, "distill_responses", no_generation)
+    monkeypatch.setattr(data_rounds, "sample_prompts", no_generation)
+    monkeypatch.setattr(data_rounds, "distill_responses", no_generation)
     second = build_dataset(target, distill_config(), progress=False)
     assert second.from_cache and second.fingerprint == first.fingerprint
     assert rows(second) == rows(first) and second.heldout == first.heldout and second.stats == first.stats
@@ -225,7 +225,7 @@ def test_editing_the_file_changes_the_fingerprint(target, tmp_path):
 
 
 def test_bad_source_lists_the_valid_ones():
-    with pytest.raises(ValueError, match="self_distill, jsonl, text, parquet, hub"):
+    with pytest.raises(ValueError, match="self_distill, code_prompts, jsonl, text, parquet, hub, code_corpus"):
         DataConfig(source="csv")
 
 
