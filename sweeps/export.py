@@ -19,7 +19,7 @@ from typing import Callable
 
 from speclab.speculator.base import Speculator, TargetInfo, load_speculator, speculator_class
 
-from .export_formats import write_layout
+from .export_formats import ExportContext, write_layout
 from .index import best, metric_value
 from .results import (EXPORT_MANIFEST, RESULT_FILE, SHARED_DIR_MODE, SHARED_FILE_MODE, SPECULATOR_FILES,
                       is_speculator_checkpoint, weights_sha256, write_json_atomic)
@@ -38,16 +38,18 @@ def export_best(runs_dir: str | Path, out_dir: str | Path, metric: str = "speedu
     checkpoint = checkpoint_of(run_dir, row["result"])
     meta = json.loads((checkpoint / "config.json").read_text())
     speculator = verify_weights(checkpoint, row["result"].get("final_weights_sha256"), meta)
-    k = (row["result"].get("acceptance") or {}).get("k") or DEFAULT_K
+    ctx = ExportContext(meta, *scored_with(row["result"]), final_dir=Path(out_dir))
 
     def fill(tmp: Path) -> None:
-        layout = write_layout(tmp, speculator, meta, k)  # eagle3: speculators, mlp: mlp_speculator
+        layout, refused = write_layout(tmp, speculator, ctx)  # eagle3: speculators, mlp: mlp_speculator, ...
         shutil.copy2(run_dir / RESULT_FILE, tmp / RESULT_FILE)  # byte for byte, as measured
-        (tmp / MODEL_CARD).write_text(model_card(row["result"], metric, meta.get("target_config"), layout))
+        (tmp / MODEL_CARD).write_text(model_card(row["result"], metric, meta.get("target_config"), layout, refused))
         write_json_atomic(tmp / EXPORT_MANIFEST, {
             "run_id": row["run_id"],
             "source_run_dir": str(run_dir.resolve()),
             "layout": layout,
+            "not_servable": refused,  # why the family's engine layout was not written (empty: it was)
+            "scored_with": ctx.scored_with,
             "metric": metric,
             "value": metric_value(row, metric),
             "final_weights_sha256": row["result"].get("final_weights_sha256"),
@@ -55,6 +57,13 @@ def export_best(runs_dir: str | Path, out_dir: str | Path, metric: str = "speedu
         })
 
     return replace_dir(Path(out_dir), fill)
+
+
+def scored_with(result: dict) -> tuple[int, dict | None]:
+    """(k, tree or None): the draft length, and the tree when the run was scored with one."""
+    tree = ((result.get("config") or {}).get("eval") or {}).get("tree")
+    k = (result.get("acceptance") or {}).get("k") or (tree or {}).get("depth") or DEFAULT_K
+    return k, (dict(tree) if tree else None)
 
 
 def checkpoint_of(run_dir: Path, result: dict) -> Path:
@@ -112,8 +121,8 @@ def replace_dir(out_dir: Path, fill: Callable[[Path], None]) -> Path:
     try:
         tmp.chmod(SHARED_DIR_MODE)
         fill(tmp)
-        for written in tmp.iterdir():  # safetensors writes owner-only files; a server reads them
-            written.chmod(SHARED_FILE_MODE)
+        for written in tmp.rglob("*"):  # safetensors writes owner-only files; a server reads them
+            written.chmod(SHARED_DIR_MODE if written.is_dir() else SHARED_FILE_MODE)
         if out_dir.exists():
             old = Path(f"{tmp}.old")
             os.replace(out_dir, old)
@@ -137,22 +146,29 @@ def _replaceable(path: Path) -> bool:
 
 LAYOUT_FILES = {
     "speclab": "`model.safetensors` + `config.json`: speclab's own speculator checkpoint "
-               "(`load_speculator` reads it)",
+               "(`load_speculator` reads it); no serving engine loads it",
     "mlp_speculator": "`model.safetensors` + `config.json` in the fms-extras / vLLM `mlp_speculator` layout "
-                      "(`emb.i`, `proj.i`, `ln.i`, `head.i`); `speclab.json` maps it back to speclab. Two differences "
-                      "from stock vLLM: speclab's stage norm is a mean-centring LayerNorm where fms/vLLM's norm is "
-                      "mean-free, and a reduced draft vocabulary (`draft_vocab_size` < `vocab_size`, with `d2t`/`t2d`) "
-                      "is not a stock `MLPSpeculator` field: stock vLLM would not compute this draft exactly",
+                      "(`emb.i`, `proj.i`, `ln.i`, `head.i`), speclab's norm and draft vocabulary folded into the "
+                      "weights so vLLM's mean-free norm and full-vocabulary head compute speclab's logits; serve with "
+                      "`--speculative-config '{\"method\": \"mlp_speculator\", \"model\": DIR, "
+                      "\"num_speculative_tokens\": K}'`. `speclab.json` maps it back to speclab",
     "speculators_eagle3": "`model.safetensors` + `config.json` in vLLM's speculators format "
-                          "(`speculators_model_type: eagle3`, `Eagle3Speculator` tensor names, `d2t`/`t2d` for the "
-                          "reduced vocabulary; vLLM serves single-layer EAGLE-3 drafts); `speclab.json` maps it back",
+                          "(`speculators_model_type: eagle3`, `Eagle3DraftModel` tensor names, `d2t`/`t2d`); vLLM "
+                          "serves it (`vllm serve DIR`), speculators' `SpeculatorModel.from_pretrained` loads it "
+                          "when the draft is as wide as the target; `speclab.json` maps it back",
+    "hf_llama": "`model.safetensors` + `config.json` of a plain `LlamaForCausalLM`: transformers' "
+                "`generate(assistant_model=AutoModelForCausalLM.from_pretrained(DIR))` and vLLM's draft-model "
+                "method load it; `speclab.json` maps it back",
 }
 
 
-def model_card(result: dict, metric: str, target_config: dict | None, layout: str = "speclab") -> str:
+def model_card(result: dict, metric: str, target_config: dict | None, layout: str = "speclab",
+               refused: list[str] = ()) -> str:
     """A short README.md with the run's measured figures."""
     files = f"Layout `{layout}`: {LAYOUT_FILES.get(layout, layout)}. Also `result.json` (the run's full " \
             "record) and `export.json` (where it came from)."
+    if refused:
+        files += "\n\nNot written in its engine's layout, because: " + "; ".join(refused) + "."
     costs = [f"- {key}: {format_number(value, '.3g')}" for key, value in sorted((result.get("throughput") or {}).items())
              if "draft" in key and isinstance(value, (int, float))]
     return _model_card_body(result, metric, target_config, "\n".join([*costs, "", files]) if costs else files)

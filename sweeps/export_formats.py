@@ -1,25 +1,34 @@
 """Export layouts of a speculator checkpoint, and loading any of them back.
 
+Each family with a serving engine is written in that engine's own layout, computing what
+speclab measured (docs/serving.md is the table):
+
 - `eagle3` -> vLLM's speculators format: config.json (`speculators_model_type`,
-  `speculators_version`, `architectures`, `speculators_config` with the proposal method
-  and the verifier, `transformer_layer_config`, `draft_vocab_size`,
-  `eagle_aux_hidden_state_layer_ids`) and model.safetensors with the names of speculators'
-  `Eagle3Speculator` (eagle3.py already uses them; `vocab.ids` becomes `d2t`/`t2d`).
-- `mlp` -> the `mlp_speculator` layout of fms-extras / vLLM's `MLPSpeculator`: config.json
-  (`model_type: mlp_speculator`, emb_dim, inner_dim, n_predict, ...) and weights
-  `emb.i`, `proj.i`, `ln.i`, `head.i` (speclab's `norm.i` is fms's `ln.i`).
+  `speculators_version`, `architectures`, `speculators_config` with the proposal method it
+  was scored with and the verifier, `transformer_layer_config`, `draft_vocab_size`,
+  `target_hidden_size`, `eagle_aux_hidden_state_layer_ids`) and model.safetensors with the
+  names of speculators' `Eagle3DraftModel` (eagle3.py uses them; `vocab.ids` becomes `d2t`/`t2d`).
+- `mlp` -> the `mlp_speculator` layout of fms-extras / vLLM's `MLPSpeculator`, speclab's norm
+  and draft vocabulary folded into the weights so vLLM's maths computes speclab's (export_mlp.py).
+- `draft_lm` -> a plain `LlamaForCausalLM` over the full vocabulary (transformers' assisted
+  generation, vLLM's draft-model method).
 - every other family -> speclab's own self-describing layout (config.json + model.safetensors,
   exactly what `load_speculator` reads).
 
+An export its engine could not run as measured (`refusals`) is written in speclab's own layout
+instead, and the reasons are logged and recorded in export.json and the model card: never a
+directory that fails, or computes something else, once it reaches the engine.
+
 A foreign layout carries `speclab.json` beside it: speclab's checkpoint description (family,
-config, target) and the map from each exported tensor name to speclab's names, so
-`load_checkpoint` (used by `speclab eval`) rebuilds the very module that was measured.
+config, target, how it was scored) and how each exported tensor maps back, so
+`load_checkpoint` (used by `speclab eval`) rebuilds the module that was measured.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from pathlib import Path
 from typing import Callable
 
@@ -28,36 +37,79 @@ from safetensors.torch import load_file, save_file
 
 from speclab.speculator.base import Speculator, TargetInfo, build_speculator, load_speculator, speculator_class
 
+from .export_mlp import from_vllm, to_vllm
+
+log = logging.getLogger(__name__)
+
 SPECLAB_META = "speclab.json"  # speclab's description of a foreign-layout export
 SPECULATORS_VERSION = "0.1.0"  # the speculators config schema these fields follow
 VOCAB_IDS = "vocab.ids"  # speclab's reduced-vocabulary buffer: exported as d2t (+ t2d)
-# Target builders of speclab.speculator.targets -> (the verifier's hub id, its HF architecture)
+# Target builders of speclab.speculator.targets -> (the verifier's hub id, its HF architecture);
+# no hub id: the target exists only in-process, so the export saves it under VERIFIER_DIR.
 KNOWN_VERIFIERS = {
     "speclab.speculator.targets.smollm2_from_gguf": ("HuggingFaceTB/SmolLM2-135M-Instruct", "LlamaForCausalLM"),
     "speclab.speculator.targets.tiny_llama": (None, "LlamaForCausalLM"),
 }
+VERIFIER_DIR = "verifier"
+VLLM_EAGLE3_AUX_LAYERS = 3  # vLLM's EAGLE-3 fc reads exactly 3 x target_hidden_size
+
+
+@dataclasses.dataclass
+class ExportContext:
+    """What a layout needs besides the speculator."""
+
+    meta: dict  # speclab's config.json of the checkpoint (family, config, target, target_config)
+    k: int  # the draft length it was scored with (a tree: its depth)
+    tree: dict | None = None  # the eval tree (shape, depth, top_k, budget) when scored with one
+    final_dir: Path | None = None  # where the export will live: a saved verifier is named by this path
+
+    @property
+    def scored_with(self) -> dict:
+        return {"method": "tree", "k": self.k, "tree": self.tree} if self.tree else {"method": "chain", "k": self.k}
 
 
 def layout_of(family: str) -> str:
-    return {"eagle3": "speculators_eagle3", "mlp": "mlp_speculator"}.get(family, "speclab")
+    return {"eagle3": "speculators_eagle3", "mlp": "mlp_speculator", "draft_lm": "hf_llama"}.get(family, "speclab")
 
 
-def write_layout(out: Path, speculator: Speculator, meta: dict, k: int) -> str:
-    """Write `speculator` into out/ in its family's layout; returns the layout's name.
+def refusals(speculator: Speculator, layout: str) -> list[str]:
+    """Why the engine behind `layout` could not run this speculator as speclab measured it."""
+    if layout == "speculators_eagle3":
+        L, ids = speculator.target_info.num_layers, list(speculator.target_layer_ids)
+        out = []
+        if len(set(ids)) != VLLM_EAGLE3_AUX_LAYERS:
+            out.append(f"vLLM's EAGLE-3 reads exactly {VLLM_EAGLE3_AUX_LAYERS} distinct target layers "
+                       f"(its fc is [D, 3 x target_hidden_size]); this draft fuses {ids}")
+        if any(i >= L for i in ids):
+            out.append(f"target layer {L} was read after the final norm (HF hidden_states[{L}]), but vLLM hands "
+                       f"the draft the pre-norm residual stream; train on layers 0..{L - 1}")
+        return out
+    if layout == "hf_llama" and not speculator.vocab.full:
+        return [f"a LlamaForCausalLM assistant scores all {speculator.vocab.target_vocab} target tokens, and its "
+                f"{speculator.vocab.size}-token head cannot be widened exactly (a bias-free lm_head after RMSNorm "
+                "cannot mask a token); train with draft_vocab_size=0"]
+    return []
 
-    meta is speclab's config.json of the checkpoint (family, config, target, target_config).
-    """
+
+def write_layout(out: Path, speculator: Speculator, ctx: ExportContext) -> tuple[str, list[str]]:
+    """Write `speculator` into out/ in its family's serving layout -> (layout, why it fell back)."""
     layout = layout_of(speculator.family)
+    reasons = refusals(speculator, layout)
+    if reasons:
+        log.warning("the %s export cannot be served by its engine, so it is written in speclab's own layout: %s",
+                    speculator.family, "; ".join(reasons))
+        layout = "speclab"
     if layout == "speclab":
-        speculator.save(out, extra={key: value for key, value in meta.items()
-                                    if key not in ("family", "config", "target", "params")})
-        return layout
-    rename, config = FOREIGN[layout](speculator, meta, k)
-    tensors, weight_map = renamed_tensors(speculator, rename)
+        speculator.save(out, extra={**{key: value for key, value in ctx.meta.items()
+                                       if key not in ("family", "config", "target", "params")},
+                                    "scored_with": ctx.scored_with})
+        return layout, reasons
+    tensors, config, mapping = FOREIGN[layout](speculator, ctx, out)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    (out / SPECLAB_META).write_text(json.dumps({**meta, "layout": layout, "weight_map": weight_map}, indent=2) + "\n")
-    return layout
+    meta = {**ctx.meta, "layout": layout, "scored_with": ctx.scored_with, **mapping}
+    (out / SPECLAB_META).write_text(json.dumps(meta, indent=2) + "\n")
+    return layout, reasons
 
 
 def renamed_tensors(speculator: Speculator, rename: Callable[[str], str]) -> tuple[dict, dict]:
@@ -69,8 +121,7 @@ def renamed_tensors(speculator: Speculator, rename: Callable[[str], str]) -> tup
     tensors, weight_map, seen = {}, {}, {}
     for name, tensor in speculator.state_dict(keep_vars=False).items():
         if name == VOCAB_IDS:
-            tensors["d2t"] = speculator.vocab.d2t().contiguous()  # [N] draft id -> target id offset
-            tensors["t2d"] = speculator.vocab.t2d().contiguous()  # [V] bool: target id is drafted
+            tensors.update(vocab_tensors(speculator))
             continue
         key = (tensor.data_ptr(), tuple(tensor.shape), tensor.dtype)
         if key in seen:  # an alias of a tensor already written
@@ -83,37 +134,56 @@ def renamed_tensors(speculator: Speculator, rename: Callable[[str], str]) -> tup
     return tensors, weight_map
 
 
-def mlp_speculator(speculator: Speculator, meta: dict, k: int) -> tuple[Callable, dict]:
+def vocab_tensors(speculator: Speculator) -> dict[str, torch.Tensor]:
+    return {"d2t": speculator.vocab.d2t().cpu().contiguous(),  # [N] draft id -> target id offset
+            "t2d": speculator.vocab.t2d().cpu().contiguous()}  # [V] bool: target id is drafted
+
+
+def mlp_speculator(speculator: Speculator, ctx: ExportContext, out: Path) -> tuple[dict, dict, dict]:
     c, target = speculator.config, speculator.target_info
+    tensors, inner_dim = to_vllm(speculator)
+    if not speculator.vocab.full:  # vLLM skips names it has no parameter for; speclab reloads its vocabulary
+        tensors.update(vocab_tensors(speculator))
     config = {
         "architectures": ["MLPSpeculatorPreTrainedModel"],
         "model_type": "mlp_speculator",
         "vocab_size": target.vocab_size,
         "emb_dim": target.hidden_size,
-        "inner_dim": c.inner_dim,
+        "inner_dim": inner_dim,  # speclab's + 1 when a reduced vocabulary was expanded (export_mlp.py)
         "n_predict": c.n_predict,
         "top_k_tokens_per_head": [1] * c.n_predict,
         "n_candidates": 1,
         "tie_weights": c.tie_weights,
         "scale_input": False,
         "torch_dtype": _dtype_name(speculator),
-        # Not part of the stock layout: speclab drafts a reduced vocabulary when this is
-        # smaller than vocab_size (head.i has draft_vocab_size rows; d2t/t2d map them).
-        "draft_vocab_size": speculator.vocab.size,
     }
-    return (lambda name: name.replace("norm.", "ln.", 1) if name.startswith("norm.") else name), config
+    return tensors, config, {"conversion": "vllm_mlp"}
 
 
-def speculators_eagle3(speculator: Speculator, meta: dict, k: int) -> tuple[Callable, dict]:
+def hf_llama(speculator: Speculator, ctx: ExportContext, out: Path) -> tuple[dict, dict, dict]:
+    """draft_lm as LlamaForCausalLM: body.* -> model.*, head -> lm_head (full vocabulary: `refusals`)."""
+    tensors, weight_map = renamed_tensors(
+        speculator, lambda name: "lm_head.weight" if name == "head.weight" else "model." + name.removeprefix("body."))
+    config = {**speculator.body.config.to_dict(), "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+              "tie_word_embeddings": False, "torch_dtype": _dtype_name(speculator)}
+    return tensors, config, {"weight_map": weight_map}
+
+
+def speculators_eagle3(speculator: Speculator, ctx: ExportContext, out: Path) -> tuple[dict, dict, dict]:
     c, target = speculator.config, speculator.target_info
-    verifier_name, verifier_arch = verifier_of(meta.get("target_config") or {}, target.name)
+    verifier_name, verifier_arch = verifier_of(ctx, target.name, out)
+    tensors, weight_map = renamed_tensors(speculator, lambda name: name)  # eagle3.py already uses speculators' names
+    if speculator.vocab.full:  # speculators expects the mapping even when it is the identity
+        tensors.update(vocab_tensors(speculator))
     config = {
         "speculators_model_type": "eagle3",
         "speculators_version": SPECULATORS_VERSION,
         "architectures": ["Eagle3Speculator"],
         "draft_vocab_size": speculator.vocab.size,
         "norm_before_residual": False,
+        # vLLM sizes fc as 3 x target_hidden_size, so a draft narrower or wider than its target serves
         "target_hidden_size": target.hidden_size,
+        # ids into the target's pre-norm residual stream (0: embeddings), as vLLM hands them (refusals)
         "eagle_aux_hidden_state_layer_ids": list(speculator.target_layer_ids),
         "transformer_layer_config": {
             "model_type": "llama",
@@ -134,26 +204,39 @@ def speculators_eagle3(speculator: Speculator, meta: dict, k: int) -> tuple[Call
         },
         "speculators_config": {
             "algorithm": "eagle3",
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": k,
+            # speculators defines only the greedy chain proposal: a tree-scored run records its
+            # tree in speclab.json and proposes chains of the tree's depth here
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": ctx.k,
                                   "verifier_accept_k": 1, "accept_tolerance": 0.0}],
             "default_proposal_method": "greedy",
             "verifier": {"name_or_path": verifier_name, "architectures": [verifier_arch] if verifier_arch else []},
         },
         "torch_dtype": _dtype_name(speculator),
     }
-    return (lambda name: name), config  # eagle3.py already uses speculators' names
+    return tensors, config, {"weight_map": weight_map}
 
 
-FOREIGN: dict[str, Callable] = {"mlp_speculator": mlp_speculator, "speculators_eagle3": speculators_eagle3}
+FOREIGN: dict[str, Callable] = {"mlp_speculator": mlp_speculator, "speculators_eagle3": speculators_eagle3,
+                                "hf_llama": hf_llama}
 
 
-def verifier_of(target_config: dict, target_name: str) -> tuple[str | None, str | None]:
-    """The verifier's hub id (or local path) and HF architecture, as far as they are known."""
+def verifier_of(ctx: ExportContext, target_name: str, out: Path) -> tuple[str | None, str | None]:
+    """The verifier's hub id or local path, and its HF architecture.
+
+    A known target is its hub id; a target that exists only in-process (tiny_llama) is saved
+    into the export and named by the export's final path; any other is its recorded
+    name_or_path, made absolute when it is a local directory.
+    """
+    target_config = ctx.meta.get("target_config") or {}
     builder = target_config.get("_target_")
     if builder in KNOWN_VERIFIERS:
         name, arch = KNOWN_VERIFIERS[builder]
-        return name or target_name, arch
+        if name is None:
+            name = save_verifier(target_config, out, ctx.final_dir)
+        return name, arch
     name = target_config.get("name_or_path") or target_name
+    if Path(name).is_dir():
+        name = str(Path(name).resolve())
     try:  # a local directory or a cached hub id; no network is needed for either
         from transformers import AutoConfig
 
@@ -161,6 +244,16 @@ def verifier_of(target_config: dict, target_name: str) -> tuple[str | None, str 
         return name, archs[0]
     except Exception:  # noqa: BLE001 - unknown is recorded as unknown, never guessed
         return name, None
+
+
+def save_verifier(target_config: dict, out: Path, final_dir: Path | None) -> str:
+    """Save the in-process target (weights, config, tokenizer) as out/verifier; -> its final path."""
+    from .target_spec import parse_target_spec
+
+    target = parse_target_spec(target_config, "the checkpoint's target_config").build()  # data, never code
+    target.model.save_pretrained(out / VERIFIER_DIR)
+    target.tokenizer.save_pretrained(out / VERIFIER_DIR)
+    return str(((final_dir or out) / VERIFIER_DIR).resolve())
 
 
 def _dtype_name(speculator: Speculator) -> str:
@@ -188,9 +281,14 @@ def load_checkpoint(path: str | Path, target: TargetInfo | None = None) -> Specu
         raise ValueError(f"{path} was trained for target {saved.name}, not {target.name}")
     model = build_speculator(meta["family"], meta["config"], _with_live_head(meta["family"], saved, target))
     exported = load_file(str(path / "model.safetensors"))
-    state = {alias: exported[name] for name, aliases in meta["weight_map"].items() for alias in aliases}
-    if "d2t" in exported:  # ids = i + d2t[i], vLLM's convention
-        state[VOCAB_IDS] = exported["d2t"] + torch.arange(exported["d2t"].numel())
+    if not model.vocab.full:  # ids = i + d2t[i], vLLM's convention
+        model.vocab.ids.copy_(exported["d2t"] + torch.arange(exported["d2t"].numel()))
+    if meta.get("conversion") == "vllm_mlp":
+        state = from_vllm(model, exported)
+    else:
+        state = {alias: exported[name] for name, aliases in meta["weight_map"].items() for alias in aliases}
+    if not model.vocab.full:
+        state[VOCAB_IDS] = model.vocab.ids.clone()
     model.load_state_dict(state, strict=True)
     device = target.embed_weight.device if target is not None and target.embed_weight is not None else "cpu"
     return model.to(device).eval()

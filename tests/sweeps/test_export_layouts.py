@@ -1,12 +1,14 @@
-"""Each export layout on the tiny target: eagle3 -> vLLM speculators, mlp -> mlp_speculator,
-others -> speclab's own; every export reloads with `speclab eval` and passes its lossless check."""
+"""Each export layout on a tiny target: eagle3 -> vLLM speculators, mlp -> mlp_speculator,
+draft_lm -> LlamaForCausalLM, others -> speclab's own; an export its engine could not run falls
+back to speclab's layout with the reason; every export reloads with `speclab eval` losslessly.
+
+The target has 4 layers: vLLM's EAGLE-3 fuses three distinct pre-norm layers, ids 0..L-1."""
 
 import json
 
 import pytest
 import torch
 from safetensors import safe_open
-from test_export import TINY_TARGET_CONFIG
 from test_index import make_run
 
 from speclab.speculator.base import TargetInfo, build_speculator
@@ -16,29 +18,32 @@ from speclab.sweeps.export import export_best
 from speclab.sweeps.export_formats import load_checkpoint
 from speclab.sweeps.results import weights_sha256
 
+TARGET_CONFIG = {"_target_": "speclab.speculator.targets.tiny_llama", "seed": 0, "num_layers": 4}
 # Small, with a reduced draft vocabulary where the family has one (d2t/t2d are exported).
 SPECS = {
     "mlp": {"n_predict": 3, "inner_dim": 16, "draft_vocab_size": 100},
     "eagle3": {"hidden_size": 32, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 64, "draft_vocab_size": 100},
     "draft_lm": {"num_layers": 1, "hidden_size": 16, "num_heads": 2, "intermediate_size": 32},
+    "medusa": {"num_heads": 2, "draft_vocab_size": 100},
     "eagle": {"hidden_size": 32, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 64},
 }
 
 
 @pytest.fixture(scope="module")
 def target():
-    return tiny_llama(seed=0)
+    return tiny_llama(seed=0, num_layers=4)
 
 
-def exported(tmp_path, target, family):
+def exported(tmp_path, target, family, spec=None, target_config=TARGET_CONFIG, **figures):
+    """(the speculator, its export): a fake best run around a real saved checkpoint."""
     torch.manual_seed(0)
     # token frequencies in a shuffled order, so the drafted ids are not simply 0..N-1 (d2t is not all zeros)
     counts = torch.randperm(target.vocab_size, generator=torch.Generator().manual_seed(1)).float()
-    speculator = build_speculator(family, SPECS[family], TargetInfo.of(target).with_counts(counts))
+    speculator = build_speculator(family, spec or SPECS[family], TargetInfo.of(target).with_counts(counts))
     runs = tmp_path / "runs"
-    speculator.save(runs / "run" / "checkpoints" / "speculator", extra={"target_config": TINY_TARGET_CONFIG})
+    speculator.save(runs / "run" / "checkpoints" / "speculator", extra={"target_config": target_config})
     make_run(runs, "run", family=family, params=speculator.num_params(), checkpoint="checkpoints/speculator",
-             weights_sha256=weights_sha256(speculator.state_dict()), per_position=(0.5, 0.3), speedup=1.3)
+             weights_sha256=weights_sha256(speculator.state_dict()), per_position=(0.5, 0.3), speedup=1.3, **figures)
     return speculator, export_best(runs, tmp_path / "out")
 
 
@@ -61,39 +66,101 @@ def test_eagle3_is_written_in_the_speculators_format(tmp_path, target):
     assert spec["algorithm"] == "eagle3" and spec["default_proposal_method"] == "greedy"
     assert spec["proposal_methods"] == [{"proposal_type": "greedy", "speculative_tokens": 2, "verifier_accept_k": 1,
                                          "accept_tolerance": 0.0}]  # k = the run's measured draft length
-    assert spec["verifier"]["architectures"] == ["LlamaForCausalLM"] and spec["verifier"]["name_or_path"]
+    # an in-process target is saved beside the draft and named by the export's own path
+    assert spec["verifier"] == {"name_or_path": str((out / "verifier").resolve()), "architectures": ["LlamaForCausalLM"]}
+    assert json.loads((out / "verifier" / "config.json").read_text())["num_hidden_layers"] == 4
     assert config["draft_vocab_size"] == 100 and config["target_hidden_size"] == target.hidden_size
-    assert config["eagle_aux_hidden_state_layer_ids"] == list(speculator.target_layer_ids)
+    assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]  # pre-norm states vLLM hands, never layer 4
     assert config["transformer_layer_config"]["hidden_size"] == 32
     tensors = tensor_names(out)
     assert {"embed_tokens.weight", "fc.weight", "layers.0.hidden_norm.weight", "layers.0.self_attn.q_proj.weight",
             "norm.weight", "lm_head.weight", "d2t", "t2d"} <= set(tensors)
     assert tensors["layers.0.self_attn.q_proj.weight"].shape[1] == 2 * 32  # reads [embedding; hidden]
+    assert tensors["fc.weight"].shape == (32, 3 * target.hidden_size)  # vLLM: [D, 3 x target_hidden_size]
     # vLLM's vocabulary mapping: target id = i + d2t[i]; t2d marks drafted target ids
     ids = torch.arange(100) + tensors["d2t"]
     assert tensors["t2d"].dtype == torch.bool and tensors["t2d"].sum() == 100 and tensors["t2d"][ids].all()
     assert torch.equal(ids, speculator.vocab.ids)
     assert same_state(load_checkpoint(out), speculator)
+    assert all(p.stat().st_mode & 0o044 == 0o044 for p in out.rglob("*"))  # a server can read the verifier too
+
+
+def test_the_export_records_the_tree_it_was_scored_with(tmp_path, target):
+    torch.manual_seed(0)
+    speculator = build_speculator("eagle3", SPECS["eagle3"], TargetInfo.of(target))
+    runs = tmp_path / "runs"
+    speculator.save(runs / "run" / "checkpoints" / "speculator", extra={"target_config": TARGET_CONFIG})
+    make_run(runs, "run", family="eagle3", checkpoint="checkpoints/speculator",
+             weights_sha256=weights_sha256(speculator.state_dict()), per_position=(0.5, 0.3, 0.2))
+    result_file = runs / "run" / "result.json"
+    result = json.loads(result_file.read_text())
+    result["config"]["eval"] = {"tree": {"shape": "dynamic", "depth": 3, "top_k": 4, "budget": 8}}
+    result_file.write_text(json.dumps(result))
+    out = export_best(runs, tmp_path / "out")
+    scored = {"method": "tree", "k": 3, "tree": {"shape": "dynamic", "depth": 3, "top_k": 4, "budget": 8}}
+    assert json.loads((out / "speclab.json").read_text())["scored_with"] == scored
+    assert json.loads((out / "export.json").read_text())["scored_with"] == scored
+    proposal = json.loads((out / "config.json").read_text())["speculators_config"]["proposal_methods"][0]
+    assert proposal["speculative_tokens"] == 3  # speculators has only greedy chains: the tree's depth
+
+
+def test_eagle3_on_a_target_too_shallow_for_vllm_falls_back_with_the_reason(tmp_path, caplog):
+    shallow = tiny_llama(seed=0)  # 2 layers: only ids 0, 1 are pre-norm, and vLLM fuses three
+    config = {"_target_": "speclab.speculator.targets.tiny_llama", "seed": 0}
+    _, out = exported(tmp_path, shallow, "eagle3", target_config=config)
+    reason = "vLLM's EAGLE-3 reads exactly 3 distinct target layers"
+    assert reason in caplog.text
+    assert json.loads((out / "config.json").read_text())["family"] == "eagle3"  # speclab's own layout
+    manifest = json.loads((out / "export.json").read_text())
+    assert manifest["layout"] == "speclab" and reason in manifest["not_servable"][0]
+    assert reason in (out / "README.md").read_text()
+
+
+def test_eagle3_reading_the_post_norm_last_layer_is_refused(tmp_path, target):
+    spec = dict(SPECS["eagle3"], target_layers=[1, 2, 4])
+    _, out = exported(tmp_path, target, "eagle3", spec=spec)
+    manifest = json.loads((out / "export.json").read_text())
+    assert manifest["layout"] == "speclab" and "pre-norm residual stream" in manifest["not_servable"][0]
 
 
 def test_mlp_is_written_in_the_mlp_speculator_layout(tmp_path, target):
     speculator, out = exported(tmp_path, target, "mlp")
     config = json.loads((out / "config.json").read_text())
     assert config["model_type"] == "mlp_speculator" and config["architectures"] == ["MLPSpeculatorPreTrainedModel"]
+    # the 100-token draft vocabulary is expanded to the target's through one extra state dimension
     assert (config["emb_dim"], config["inner_dim"], config["n_predict"], config["vocab_size"]) == \
-        (target.hidden_size, 16, 3, target.vocab_size)
-    assert set(tensor_names(out)) == {"emb.0.weight", "proj.0.weight", "proj.1.weight", "ln.0.weight", "ln.0.bias",
-                                      "head.0.weight", "d2t", "t2d"}
-    assert same_state(load_checkpoint(out), speculator)
+        (target.hidden_size, 17, 3, target.vocab_size)
+    assert "draft_vocab_size" not in config  # vLLM has no such field: the head has a row per target token
+    tensors = tensor_names(out)
+    assert set(tensors) == {"emb.0.weight", "proj.0.weight", "proj.1.weight", "ln.0.weight", "ln.0.bias",
+                            "head.0.weight", "d2t", "t2d"}
+    assert tensors["head.0.weight"].shape == (target.vocab_size, 17)
+    reloaded = load_checkpoint(out)
+    assert torch.equal(reloaded.vocab.ids, speculator.vocab.ids)
     card = (out / "README.md").read_text()
     assert "mlp_speculator" in card and "1.30x" in card and "mean-free" in card
 
 
-@pytest.mark.parametrize("family", ["draft_lm", "eagle"])
+def test_draft_lm_is_written_as_a_llama_for_causal_lm(tmp_path, target):
+    speculator, out = exported(tmp_path, target, "draft_lm")
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["vocab_size"] == target.vocab_size
+    assert {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"} <= set(tensor_names(out))
+    assert same_state(load_checkpoint(out), speculator)
+
+
+def test_a_draft_lm_with_a_reduced_vocabulary_falls_back_with_the_reason(tmp_path, target):
+    _, out = exported(tmp_path, target, "draft_lm", spec=dict(SPECS["draft_lm"], draft_vocab_size=100))
+    manifest = json.loads((out / "export.json").read_text())
+    assert manifest["layout"] == "speclab" and "draft_vocab_size=0" in manifest["not_servable"][0]
+
+
+@pytest.mark.parametrize("family", ["medusa", "eagle"])
 def test_other_families_keep_speclabs_self_describing_layout(tmp_path, target, family):
     speculator, out = exported(tmp_path, target, family)
     meta = json.loads((out / "config.json").read_text())
-    assert meta["family"] == family and meta["target_config"] == TINY_TARGET_CONFIG
+    assert meta["family"] == family and meta["target_config"] == TARGET_CONFIG
+    assert meta["scored_with"] == {"method": "chain", "k": 2}
     assert not (out / "speclab.json").exists()
     assert same_state(load_checkpoint(out, TargetInfo.of(target)), speculator)
 
