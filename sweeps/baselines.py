@@ -23,9 +23,9 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from .resume import config_hash, find_completed
+from .table import BASELINE_FAMILIES as BASELINES
 
 log = logging.getLogger(__name__)
-BASELINES = ("ngram", "suffix")
 RUN_PREFIX = "baseline-"
 
 

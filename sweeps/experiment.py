@@ -125,7 +125,7 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict:
             torch.set_num_threads(cfg.threads)
         seed_everything(cfg.seed)
         if issubclass(speculator_class(cfg.speculator.family), TrainingFree):
-            target, speculator, heldout = untrained(cfg, result)
+            target, speculator, heldout = untrained(cfg, run_dir, result)
         else:
             target, speculator, heldout = trained(cfg, run_dir, result)
         scored = evaluate(cfg, target, speculator, eval_prompts(cfg, heldout))
@@ -176,8 +176,8 @@ def trained(cfg: DictConfig, run_dir: Path, result: dict) -> tuple[FrozenTarget,
     return target, speculator, heldout
 
 
-def untrained(cfg: DictConfig, result: dict) -> tuple[FrozenTarget, Speculator, list[dict]]:
-    """A training-free family: nothing to train or save. The data is still built (or read
+def untrained(cfg: DictConfig, run_dir: Path, result: dict) -> tuple[FrozenTarget, Speculator, list[dict]]:
+    """A training-free family: nothing to train. The data is still built (or read
     from the sweep's cache) because its held-out prompts are part of the eval set, the same
     prompts the learned runs are scored on."""
     target: FrozenTarget = instantiate(cfg.target)
@@ -186,6 +186,11 @@ def untrained(cfg: DictConfig, result: dict) -> tuple[FrozenTarget, Speculator, 
     result["speculator"] = {"family": speculator.family, "params": speculator.num_params()}
     result["data"] = {**data.stats, "feature_bytes_per_token": None}
     result["train"] = {"steps": 0, "tokens": 0, "wall_s": 0.0, "final_loss": None, "restarts": 0, "rollbacks": 0}
+    # Saved like a trained one (its config, no tensors), so the best run can be exported
+    # whatever it is: a serving engine runs the drafting method with these settings.
+    speculator.save(run_dir / SPECULATOR_DIR, extra={"target_config": OmegaConf.to_container(cfg.target, resolve=True)})
+    result["checkpoint"] = str(SPECULATOR_DIR)
+    result["final_weights_sha256"] = weights_sha256(speculator.state_dict())
     return target, speculator, data.heldout
 
 

@@ -1,4 +1,12 @@
-"""The runs table `speclab runs` prints: one line per run, best speedup first."""
+"""The runs table `speclab runs` prints: one line per run, best speedup first.
+
+Ranking: runs that count (completed, checked lossless on at least one prompt with no
+mismatch, speedup measured) come first, by speedup; every other run follows, also by
+speedup, so a failed or lossy run never ranks above one that counts however fast it
+looked. The `note` column says why a run does not count (its one-line error), marks the
+training-free baselines, and marks each learned run below the best baseline's speedup:
+a speculator is only worth its training if it beats what costs nothing.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +14,8 @@ import math
 from typing import Any, Callable
 
 MISSING = "-"
+BASELINE_FAMILIES = ("ngram", "suffix")  # the training-free drafters every sweep scores (sweeps/baselines.py)
+NOTE_CHARS = 60  # a note is one short line; the whole error is listed under the table
 
 
 def format_params(n: Any) -> str:
@@ -56,21 +66,65 @@ COLUMNS: list[tuple[str, Callable[[dict], str], bool]] = [
 ]
 
 
+def counts(row: dict) -> bool:
+    """Completed, checked lossless (some prompts, no mismatch), speedup measured."""
+    checked = row.get("checked_prompts")
+    return (row.get("status") == "completed" and _is_number(checked) and checked > 0
+            and row.get("mismatches") == 0 and _is_number(row.get("speedup")))
+
+
+def not_counted_reason(row: dict) -> str | None:
+    """Why a run does not count (None when it does)."""
+    if counts(row):
+        return None
+    if row.get("error"):
+        return str(row["error"]).splitlines()[0] if str(row["error"]).strip() else "failed"
+    if row.get("status") != "completed":
+        return f"status {row.get('status') or 'unknown'}"
+    if row.get("mismatches"):
+        return f"not lossless: {format_lossless(row)} prompts equal to plain decoding"
+    if not row.get("checked_prompts"):
+        return "never checked against plain decoding"
+    return "no measured speedup"
+
+
+def best_baseline(rows: list[dict]) -> dict | None:
+    """The counted training-free baseline with the highest speedup."""
+    baselines = [r for r in rows if r.get("family") in BASELINE_FAMILIES and counts(r)]
+    return max(baselines, key=lambda r: r["speedup"]) if baselines else None
+
+
+def note(row: dict, baseline: dict | None) -> str:
+    reason = not_counted_reason(row)
+    if reason is not None:
+        return reason if len(reason) <= NOTE_CHARS else reason[: NOTE_CHARS - 3] + "..."
+    if row.get("family") in BASELINE_FAMILIES:
+        return "baseline"
+    if baseline is not None and row["speedup"] < baseline["speedup"]:
+        return f"below baseline ({baseline['family']} {format_speedup(baseline['speedup'])})"
+    return ""
+
+
 def sort_by_speedup(rows: list[dict]) -> list[dict]:
-    """Highest speedup first; runs without one (failed, unmeasured) last, in their order."""
-    return sorted(rows, key=lambda r: -r["speedup"] if _is_number(r.get("speedup")) else math.inf)
+    """Counted runs first, then the rest; each part by highest speedup, unmeasured last."""
+    def key(r: dict) -> tuple[bool, float]:
+        return (not counts(r), -r["speedup"] if _is_number(r.get("speedup")) else math.inf)
+
+    return sorted(rows, key=key)
 
 
 def format_table(rows: list[dict]) -> str:
     if not rows:
         return "no runs"
-    cells = [[header for header, _, _ in COLUMNS]]
-    cells += [[cell(row) for _, cell, _ in COLUMNS] for row in sort_by_speedup(rows)]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(COLUMNS))]
+    baseline = best_baseline(rows)
+    columns = [*COLUMNS, ("note", lambda r: note(r, baseline), False)]
+    cells = [[header for header, _, _ in columns]]
+    cells += [[cell(row) for _, cell, _ in columns] for row in sort_by_speedup(rows)]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
     lines = []
     for line in cells:
         padded = [text.rjust(w) if right else text.ljust(w)
-                  for text, w, (_, _, right) in zip(line, widths, COLUMNS)]
+                  for text, w, (_, _, right) in zip(line, widths, columns)]
         lines.append("  ".join(padded).rstrip())
     lines.insert(1, "  ".join("-" * w for w in widths))
     errors = [f"  {row.get('run_id')}: {row['error']}" for row in rows if row.get("error")]

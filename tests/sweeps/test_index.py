@@ -108,12 +108,34 @@ def test_table_lists_runs_by_speedup_with_their_figures(runs):
     header = lines[0].split()
     assert header[:3] == ["run", "family", "params"] and "speedup" in header and "status" in header
     order = [line.split()[0] for line in lines[2:7]]
-    assert order == ["lossy", "unchecked", "sweep/0", "sweep/1", "sweep/2"]  # failed (no speedup) last
+    # Runs that count first (completed, lossless, measured), then the rest, each by speedup:
+    # the lossy 3.0x and the never-checked 2.5x rank below the lossless 1.10x.
+    assert order == ["sweep/0", "sweep/1", "lossy", "unchecked", "sweep/2"]
     sweep0 = lines[2 + order.index("sweep/0")]
     for figure in ("12.3K", "2.10", "0.60/0.40", "13.0", "10.0", "1.30x", "4/4", "completed"):
         assert figure in sweep0
     assert "2/4" in lines[2 + order.index("lossy")]  # 2 of 4 prompts matched
+    # each run that does not count says why in its own row
+    assert "not lossless: 2/4" in lines[2 + order.index("lossy")]
+    assert "never checked" in lines[2 + order.index("unchecked")]
+    assert "RuntimeError: out of memory" in lines[2 + order.index("sweep/2")]
     assert any("sweep/2: RuntimeError: out of memory" in line for line in lines)
+
+
+def test_rows_below_the_best_baseline_are_marked(tmp_path):
+    root = tmp_path / "runs"
+    make_run(root, "ngram", speedup=1.20, family="ngram", params=0)
+    make_run(root, "suffix", speedup=1.40, family="suffix", params=0)
+    make_run(root, "suffix-lossy", speedup=5.0, family="suffix", params=0, mismatches=1)  # never the bar
+    make_run(root, "mlp", speedup=1.30)
+    make_run(root, "eagle", speedup=1.50, family="eagle")
+    make_run(root, "failed", status="failed")
+    lines = {line.split()[0]: line for line in format_table(rebuild(root)).splitlines()[2:8]}
+    assert lines["mlp"].rstrip().endswith("below baseline (suffix 1.40x)")
+    assert "below" not in lines["eagle"] and lines["eagle"].rstrip().endswith("completed")
+    assert lines["ngram"].rstrip().endswith("baseline") and lines["suffix"].rstrip().endswith("baseline")
+    assert "below" not in lines["failed"]  # a run that does not count shows its reason instead
+    assert list(lines)[:4] == ["eagle", "suffix", "mlp", "ngram"]
 
 
 def test_per_position_is_compact_and_table_handles_no_runs():
