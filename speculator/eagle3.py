@@ -40,10 +40,13 @@ from .layers import DecoderLayer, FusedInputLayer, embedding_from_target
 def default_layer_ids(num_layers: int) -> tuple[int, ...]:
     """EAGLE-3's low/mid/high choice, as SpecForge and vLLM make it: the inputs of decoder
     layers 2, L // 2 and L - 3, i.e. HF hidden_states[2], [L // 2], [L - 3] (30 layers:
-    2, 15, 27). Shallow targets (tests) get three spread ids in 0..L instead."""
+    2, 15, 27). Shallow targets (tests) get up to three spread ids in 0..L-1 instead.
+
+    Never L: vLLM hands the draft the residual stream entering decoder layer i (pre-norm),
+    which is HF hidden_states[i] only for i < L; hidden_states[L] is after the final norm."""
     if num_layers >= 6:
         return (2, num_layers // 2, num_layers - 3)
-    return tuple(sorted({num_layers // 4, num_layers // 2, num_layers}))
+    return tuple(sorted({num_layers // 4, num_layers // 2, num_layers - 1}))
 
 
 @dataclass
@@ -59,7 +62,8 @@ class Eagle3Config:
     intermediate_size: int = 1536
     """MLP width per layer."""
     target_layers: list[int] = field(default_factory=list)
-    """Target hidden_states ids fused by fc (0 = embeddings); empty: low/mid/high from the target's depth."""
+    """Target hidden_states ids fused by fc (0 = embeddings); empty: low/mid/high from the target's depth.
+    vLLM serves ids 0..L-1 (pre-norm); L is the post-norm final state, which no engine hands the draft."""
     ttt_steps: int = 3
     """Training-time-test steps unrolled on the draft's own outputs."""
     embedding: Literal["frozen", "trained"] = "frozen"
