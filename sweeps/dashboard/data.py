@@ -18,6 +18,7 @@ from typing import Any
 from ..halving import DECISIONS_FILE
 from ..index import find_run_dirs, load_rows
 from ..results import RESULT_FILE
+from ..table import best_baseline, counts, note
 
 MAX_CURVE_POINTS = 400  # loss curves are thinned to this many points (the page draws SVG)
 SWEEP_FILES = ("multirun.yaml", "optimization_results.yaml")  # Hydra's sweepers / Optuna's, at a sweep's root
@@ -28,7 +29,8 @@ METRICS_CSV = Path("logs") / "metrics.csv"
 def state(root: Path) -> dict:
     """The page's whole payload: runs (leaderboard, Pareto, acceptance, loss) and sweeps."""
     rows = load_rows(root) if root.is_dir() else []
-    runs = [run_entry(root, row) for row in rows]
+    baseline = best_baseline(rows)  # the bar every learned run is read against (table.py)
+    runs = [{**run_entry(root, row), "counts": counts(row), "note": note(row, baseline)} for row in rows]
     runs += [live_entry(root, d) for d in running_dirs(root)]
     return {"root": str(root), "generated_at": time.time(), "runs": runs, "sweeps": sweeps(root)}
 

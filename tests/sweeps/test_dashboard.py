@@ -137,3 +137,15 @@ def test_page_in_headless_chromium(served):
     after = snapshot(runs)
     after.pop("sweep-quick/4-hydra-eeee"), after.pop("sweep-quick/4-hydra-eeee/result.json")
     assert after == before  # the page changed nothing on disk
+
+
+def test_state_says_which_runs_count_and_marks_the_baselines(runs):
+    make_run(runs / "sweep-quick", "baseline-suffix", family="suffix", params=0, speedup=1.2)
+    make_run(runs / "sweep-quick", "lossy-mlp", speedup=2.5, mismatches=1)
+    by_dir = {r["run_dir"]: r for r in state(runs)["runs"]}
+    assert by_dir["sweep-quick/baseline-suffix"]["note"] == "baseline"
+    assert by_dir["sweep-quick/0-mlp-aaaa"]["counts"] and by_dir["sweep-quick/0-mlp-aaaa"]["note"] == ""  # 1.4x
+    assert by_dir["sweep-quick/1-draft_lm-bbbb"]["note"] == "below baseline (suffix 1.20x)"  # 1.1x
+    failed, lossy = by_dir["sweep-quick/2-eagle3-cccc"], by_dir["sweep-quick/lossy-mlp"]
+    assert not failed["counts"] and "out of memory" in failed["note"]  # its one-line reason, in the row
+    assert not lossy["counts"] and lossy["note"].startswith("not lossless")
