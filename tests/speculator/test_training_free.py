@@ -1,0 +1,172 @@
+"""ngram, suffix and the hybrid: their drafting rules, on stub targets (no model calls)."""
+
+import math
+import random
+
+import pytest
+import torch
+
+from speclab.speculator.base import TargetInfo, build_speculator
+from speclab.speculator.lookup import FLOOR, TrainingFree
+
+V, H = 11, 8
+
+
+def info():
+    torch.manual_seed(0)
+    return TargetInfo(vocab_size=V, hidden_size=H, num_layers=2, name="stub",
+                      embed_weight=torch.randn(V, H), lm_head_weight=torch.randn(V, H))
+
+
+def started(spec, prompt):
+    ids = torch.tensor([prompt])
+    return spec.start(ids, torch.randn(1, len(prompt), H))
+
+
+def brute_ngram(tokens, context, max_n, min_n):
+    """The token after the latest earlier occurrence of the longest matching suffix n-gram."""
+    for n in range(min(max_n, len(context)), min_n - 1, -1):
+        for i in range(len(tokens) - n - 1, -1, -1):
+            if tokens[i:i + n] == context[len(context) - n:]:
+                return tokens[i + n]
+    return None
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("max_n, min_n", [(3, 1), (4, 2)])
+def test_ngram_drafts_what_followed_the_latest_longest_match(seed, max_n, min_n):
+    rng = random.Random(seed)
+    spec = build_speculator("ngram", {"max_n": max_n, "min_n": min_n}, info())
+    tokens = [rng.randrange(4) for _ in range(rng.randint(2, 40))]
+    state = started(spec, tokens)
+    for _ in range(30):
+        context = tokens[-max_n:] + [rng.randrange(4) for _ in range(rng.randint(1, 3))]
+        guess = spec.candidates(state, context)
+        expected = brute_ngram(tokens, context, max_n, min_n)
+        assert (guess.ranked[0][0] if guess.ranked else None) == expected
+
+
+@pytest.mark.parametrize("family", ["ngram", "suffix"])
+def test_training_free_families_have_nothing_to_train(family):
+    spec = build_speculator(family, {}, info())
+    assert isinstance(spec, TrainingFree) and spec.num_params() == 0
+    with pytest.raises(TypeError, match="training-free"):
+        spec.loss(None, None, None)
+    with pytest.raises(ValueError, match="draft_vocab_size must be 0"):
+        build_speculator(family, {"draft_vocab_size": 5}, info())
+
+
+def families():
+    return [("ngram", {}), ("suffix", {"max_pattern": 5}),
+            ("hybrid", {"learned": {"family": "mlp", "n_predict": 4, "inner_dim": 16}, "min_match": 2})]
+
+
+@pytest.mark.parametrize("family, params", families(), ids=lambda x: x if isinstance(x, str) else "")
+def test_extend_rows_equal_propose_and_leave_the_state_alone(family, params):
+    spec = build_speculator(family, params, info()).eval()
+    prompt = [1, 2, 3, 4, 1, 2, 3, 5, 1, 2]
+    pending = torch.tensor([[3]])
+    drafts, logits = spec.propose(started(spec, prompt), pending, 4)  # [1, 4], [1, 4, V]
+    assert torch.equal(drafts[0], logits[0].argmax(-1))
+    state = started(spec, prompt)
+    for d in range(4):
+        other = torch.randint(0, V, (2, d), generator=torch.Generator().manual_seed(d))
+        rows = spec.extend(state, pending, torch.cat([drafts[:, :d], other]))  # [3, V]
+        torch.testing.assert_close(rows[0], logits[0, d], rtol=0, atol=1e-6)
+    again, _ = spec.propose(state, pending, 4)
+    assert torch.equal(again, drafts)  # extend changed nothing
+
+
+@pytest.mark.parametrize("family, params", families()[:2], ids=["ngram", "suffix"])
+def test_accept_then_propose_matches_a_fresh_start(family, params):
+    spec = build_speculator(family, params, info())
+    prompt, pending, nxt = [1, 2, 3, 1, 2, 4, 2, 3], torch.tensor([[1]]), torch.tensor([[2]])
+    for n in range(4):
+        state = started(spec, prompt)
+        drafts, _ = spec.propose(state, pending, 3)
+        committed = torch.cat([pending, drafts[:, :n]], 1)
+        spec.accept(state, committed, torch.randn(1, n + 1, H))
+        after = spec.propose(state, nxt, 3)
+        fresh = spec.propose(started(spec, prompt + committed[0].tolist()), nxt, 3)
+        assert torch.equal(after[0], fresh[0]) and torch.equal(after[1], fresh[1])
+
+
+def test_suffix_speculation_length_follows_the_match_length():
+    # "7 8 9 1 2 3 4 5 6" then "... 7 8 9": a 3-token match, so with spec_factor 1 the first
+    # 3 drafts (1 2 3) are confident (logit log 1 = 0) and the 4th (4) ranks first but low.
+    spec = build_speculator("suffix", {"spec_factor": 1.0, "global_outputs": False}, info())
+    state = started(spec, [7, 8, 9, 1, 2, 3, 4, 5, 6, 0, 7, 8])
+    drafts, logits = spec.propose(state, torch.tensor([[9]]), 5)
+    assert drafts[0].tolist() == [1, 2, 3, 4, 5]
+    top = logits[0].max(-1).values
+    assert top[:3].tolist() == [0.0, 0.0, 0.0]
+    assert (top[3:] < FLOOR + 3).all() and (top[3:] > FLOOR).all()
+    doubled = build_speculator("suffix", {"spec_factor": 2.0, "global_outputs": False}, info())
+    top2 = doubled.propose(started(doubled, [7, 8, 9, 1, 2, 3, 4, 5, 6, 0, 7, 8]), torch.tensor([[9]]), 5)[1][0].max(-1).values
+    assert top2.tolist() == [0.0] * 5  # ceil(2 * 3) = 6 >= 5 confident drafts
+
+
+def test_suffix_ranks_continuations_by_frequency():
+    spec = build_speculator("suffix", {"global_outputs": False}, info())
+    state = started(spec, [1, 2, 1, 3, 1, 3, 1, 3, 1, 2, 0])
+    row = spec.extend(state, torch.tensor([[1]]), torch.zeros(1, 0, dtype=torch.long))[0]
+    probs = torch.softmax(row, -1)
+    # after "0 1": no match of 2, so the pattern is "1": followed by 2 twice and 3 three times
+    torch.testing.assert_close(probs[[2, 3]], torch.tensor([0.4, 0.6]))
+    assert probs.sum() == pytest.approx(1.0) and probs[[0, 1, 4]].sum() == 0
+
+
+def test_suffix_matches_the_outputs_of_earlier_requests():
+    spec = build_speculator("suffix", {}, info())
+    first = started(spec, [0, 0])
+    spec.accept(first, torch.tensor([[5, 6, 7, 8, 9]]), torch.randn(1, 5, H))
+    second = started(spec, [4, 5, 6])  # the first request's output joins the history now
+    drafts, logits = spec.propose(second, torch.tensor([[7]]), 2)
+    assert drafts[0].tolist() == [8, 9] and logits[0, 0].max() == 0.0
+    alone = build_speculator("suffix", {"global_outputs": False}, info())
+    started(alone, [0, 0])
+    drafts, _ = alone.propose(started(alone, [4, 5, 6]), torch.tensor([[7]]), 2)
+    assert drafts[0].tolist() != [8, 9]
+
+
+def test_hybrid_drafts_with_suffix_on_a_long_match_else_with_its_learned_part():
+    spec = build_speculator("hybrid", {"learned": {"family": "mlp", "n_predict": 3, "inner_dim": 16},
+                                       "min_match": 3, "suffix": {"global_outputs": False}}, info()).eval()
+    prompt = [4, 5, 6, 7, 8, 9, 10, 1, 4, 5]
+    hidden = torch.randn(1, len(prompt), H)
+    state = spec.start(torch.tensor([prompt]), hidden)
+    long_match, _ = spec.propose(state, torch.tensor([[6]]), 3)  # "4 5 6": a 3-token match
+    assert long_match[0].tolist() == [7, 8, 9]
+    learned_state = spec.learned.start(torch.tensor([prompt]), hidden)
+    short, logits = spec.propose(state, torch.tensor([[9]]), 3)  # "5 9": 1-token match only
+    expected, expected_logits = spec.learned.propose(learned_state, torch.tensor([[9]]), 3)
+    assert torch.equal(short, expected) and torch.equal(logits, expected_logits)
+    assert spec.num_params() == spec.learned.num_params() > 0
+
+
+def test_hybrid_spreads_a_reduced_learned_vocabulary_onto_the_whole_one():
+    counts = torch.arange(V, 0, -1)  # the draft vocabulary: the 4 lowest ids
+    spec = build_speculator("hybrid", {"learned": {"family": "mlp", "n_predict": 2, "inner_dim": 16,
+                                                   "draft_vocab_size": 4}, "min_match": 99},
+                            info().with_counts(counts)).eval()
+    state = spec.start(torch.tensor([[1, 2, 3]]), torch.randn(1, 3, H))
+    drafts, logits = spec.propose(state, torch.tensor([[3]]), 2)
+    assert logits.shape == (1, 2, V) and (logits[..., 4:] == FLOOR).all()
+    assert torch.equal(drafts, logits.argmax(-1)) and (drafts < 4).all()
+
+
+def test_hybrid_needs_a_learned_family():
+    for family in ("suffix", "hybrid", "nope"):
+        with pytest.raises(ValueError):
+            build_speculator("hybrid", {"learned": {"family": family}}, info())
+    assert math.isfinite(FLOOR)
+
+
+@pytest.mark.parametrize("family", ["ngram", "suffix"])
+def test_a_saved_training_free_speculator_is_its_config(family, tmp_path):
+    from speclab.speculator.base import load_speculator
+
+    spec = build_speculator(family, {"max_n": 4} if family == "ngram" else {"max_pattern": 7}, info())
+    spec.save(tmp_path / "ckpt")
+    loaded = load_speculator(tmp_path / "ckpt", info())
+    assert loaded.family == family and loaded.config == spec.config and loaded.num_params() == 0
