@@ -16,6 +16,7 @@ a normal run directory; with `resume=skip_completed` a rerun skips finished rung
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,6 +128,20 @@ def format_rung(rung: dict) -> str:
         value = "-" if run["value"] is None else format(run["value"], ".3f")
         cells.append(f"{' '.join(run['overrides']) or '(defaults)'} -> {value}{' promoted' if run['promoted'] else ''}")
     return "; ".join(cells)
+
+
+def read_decisions(path: Path) -> tuple[dict | None, str | None]:
+    """A sweep's halving.json if it has the shape the page draws, else (None, why)."""
+    if not path.is_file():
+        return None, None
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        return None, f"{path.name} unreadable: {exc}"
+    if not (isinstance(record, dict) and isinstance(record.get("rungs"), list)
+            and all(isinstance(r, dict) and isinstance(r.get("runs"), list) for r in record["rungs"])):
+        return None, f"{path.name} is not a halving record"
+    return record, None
 
 
 def format_decisions(record: dict) -> str:

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .results import EXPORT_MANIFEST, RESULT_FILE, SHARED_FILE_MODE, read_result
+from .results import EXPORT_MANIFEST, RESULT_FILE, SHARED_FILE_MODE, read_result, result_problem
 
 log = logging.getLogger(__name__)
 
@@ -51,12 +51,17 @@ def load_rows(runs_dir: str | Path) -> list[dict]:
     root = _existing_dir(runs_dir)
     rows = []
     for run_dir in find_run_dirs(root):
+        rel = run_dir.relative_to(root).as_posix()
         try:
             result = read_result(run_dir)
         except ValueError as exc:  # a truncated file from a killed writer, say: shown, not hidden
             log.warning("%s", exc)
             result = {"run_id": run_dir.name, "status": "unreadable", "error": str(exc)}
-        rows.append(row_of(result, run_dir.relative_to(root).as_posix()))
+        problem = result_problem(result) if result["status"] != "unreadable" else None
+        if problem:  # skipped by every reader, flagged with the reason, never a crash
+            log.warning("%s/%s: %s", run_dir, RESULT_FILE, problem)
+            result = {"run_id": run_dir.name, "status": "malformed", "error": f"{RESULT_FILE}: {problem}"}
+        rows.append(row_of(result, rel))
     return rows
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 RESULT_FILE = "result.json"
+PROCESS_FILE = "process.json"  # {pid, host} of the process running the run, until result.json exists
 STATUSES = ("completed", "failed")
 # A directory holding this file is an export of some run, not a run: the index skips it
 # even when it lies under the runs directory.
@@ -110,6 +111,52 @@ def read_result(run_dir: str | Path) -> dict:
     if not isinstance(result, dict):
         raise ValueError(f"{path} holds a JSON {type(result).__name__}, not an object")
     return result
+
+
+# result.json's schema as readers rely on it: section -> field -> accepted kinds. A field may be
+# absent (older runs), but one present with another type makes the record malformed.
+_NUMBER, _COUNT, _TEXT = "a finite number or null", "a whole number >= 0", "a string or null"
+RESULT_SCHEMA: dict[str, dict[str, str]] = {
+    "speculator": {"family": _TEXT, "params": _COUNT},
+    "acceptance": {"k": _COUNT, "num_drafts": _COUNT, "num_draft_tokens": _COUNT, "num_accepted_tokens": _COUNT,
+                   "acceptance_rate": _NUMBER, "mean_acceptance_length": _NUMBER,
+                   "per_position": "a list of finite numbers"},
+    "throughput": {"baseline_tok_s": _NUMBER, "spec_tok_s": _NUMBER, "speedup": _NUMBER},
+    "lossless": {"checked_prompts": _COUNT, "mismatches": _COUNT},
+    "train": {"steps": _COUNT, "tokens": _COUNT, "final_loss": _NUMBER, "restarts": _COUNT, "rollbacks": _COUNT},
+}
+
+
+def _fits(value: Any, kind: str) -> bool:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == _NUMBER:
+        return value is None or (number and math.isfinite(value))
+    if kind == _COUNT:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    if kind == _TEXT:
+        return value is None or isinstance(value, str)
+    return isinstance(value, list) and all(_fits(v, _NUMBER) and v is not None for v in value)
+
+
+def result_problem(result: Any) -> str | None:
+    """Why `result` is not a result.json readers can use (None: it is one)."""
+    if not isinstance(result, dict):
+        return f"holds a JSON {type(result).__name__}, not an object"
+    if not isinstance(result.get("run_id"), str) or not result["run_id"]:
+        return "run_id is not a non-empty string"
+    if result.get("status") not in STATUSES:
+        return f"status {result.get('status')!r} is not one of {list(STATUSES)}"
+    for key in ("error", "checkpoint", "final_weights_sha256"):
+        if not _fits(result.get(key), _TEXT):
+            return f"{key} is not {_TEXT}"
+    for section, fields in RESULT_SCHEMA.items():
+        block = result.get(section, {})
+        if not isinstance(block, dict):
+            return f"{section} is not an object"
+        for name, kind in fields.items():
+            if name in block and not _fits(block[name], kind):
+                return f"{section}.{name} = {json.dumps(block[name], default=str)[:40]} is not {kind}"
+    return None
 
 
 def write_json_atomic(path: str | Path, data: Any) -> Path:

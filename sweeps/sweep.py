@@ -8,16 +8,17 @@ running the same sweep again skips the runs it already completed (sweeps/resume.
 
 from __future__ import annotations
 
-import json
+import sys
 from importlib import resources
 from pathlib import Path
 from typing import Callable
 
-from .halving import DECISIONS_FILE, format_decisions
+from .halving import DECISIONS_FILE, format_decisions, read_decisions
 from .index import load_rows
 from .table import format_table
 
 SWEEP_GROUP = "sweep"
+FAILED_RUNS = 1  # exit status of a sweep with failed runs (2 stays a usage error)
 
 
 def available_sweeps() -> list[str]:
@@ -34,6 +35,10 @@ def run_sweep(name: str, overrides: list[str], run_train: Callable[[list[str]], 
     sweep_dir = sweep_dir_of(name, overrides)
     if sweep_dir is not None and sweep_dir.is_dir():
         print(summary(sweep_dir))
+        failed = [row["run_id"] for row in load_rows(sweep_dir) if row["status"] != "completed"]
+        if failed:  # a sweep whose runs failed did not succeed, whatever Hydra returned
+            print(f"speclab sweep {name}: {len(failed)} run(s) failed: {', '.join(failed)}", file=sys.stderr)
+            return code or FAILED_RUNS
     return code
 
 
@@ -57,7 +62,12 @@ def summary(sweep_dir: Path) -> str:
     lines = [f"sweep {sweep_dir}: {len(rows)} runs "
              f"({sum(r['status'] == 'completed' for r in rows)} completed), "
              f"{len(resumed)} jobs skipped as already done elsewhere", format_table(rows)]
-    decisions = sweep_dir / DECISIONS_FILE
-    if decisions.is_file():
-        lines += ["", format_decisions(json.loads(decisions.read_text()))]
+    record, problem = read_decisions(sweep_dir / DECISIONS_FILE)
+    if record is not None:
+        try:
+            lines += ["", format_decisions(record)]
+        except (KeyError, TypeError, ValueError) as exc:  # a hand-edited record: named, not a crash
+            problem = f"{DECISIONS_FILE} is not a halving record ({type(exc).__name__}: {exc})"
+    if problem:
+        lines += ["", f"successive halving: {problem}"]
     return "\n".join(lines)

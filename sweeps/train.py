@@ -7,8 +7,13 @@ running again (sweeps/resume.py).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import signal
+import socket
 import sys
+import time
 from pathlib import Path
 
 import hydra
@@ -16,9 +21,10 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from .config_check import ConfigRangeError, check_config
 from .index import metric_value, row_of
 from .resume import check_run_dir_free, config_hash, digest, find_completed
-from .results import read_result, write_json_atomic
+from .results import PROCESS_FILE, failed_result, read_result, write_json_atomic, write_result
 
 log = logging.getLogger(__name__)
 RESUMED_FILE = "resumed.json"  # left in a skipped job's directory: which run already did its work
@@ -44,6 +50,10 @@ def main(cfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    try:
+        check_config(cfg)  # before any work: a bad number fails now, not after the data build
+    except ConfigRangeError as exc:
+        return invalid(cfg, run_dir, exc, multirun)
     if cfg.resume == "skip_completed":
         wanted = config_hash(OmegaConf.to_container(cfg, resolve=True))
         done = find_completed(cfg.runs_dir, wanted)
@@ -52,8 +62,13 @@ def main(cfg: DictConfig) -> float | None:
         check_run_dir_free(run_dir, wanted)
     from .experiment import run_experiment  # torch, transformers, lightning: not needed to skip
 
+    mark_process(run_dir)
     try:
-        result = run_experiment(cfg, run_dir)
+        with terminated_as_failure():
+            result = run_experiment(cfg, run_dir)
+    except Terminated as exc:  # result.json already says failed; the whole sweep stops, as on Ctrl-C
+        print(f"speclab train: run {run_dir} {exc}", file=sys.stderr)
+        sys.exit(128 + signal.SIGTERM)
     except Exception as exc:
         log.exception("run %s failed", run_dir)
         if multirun:
@@ -64,6 +79,49 @@ def main(cfg: DictConfig) -> float | None:
     print(f"{run_dir}: {result['speculator']['family']} acceptance length {a['mean_acceptance_length']:.2f}, "
           f"{t['spec_tok_s']:.1f} tok/s vs {t['baseline_tok_s']:.1f} plain, speedup {t['speedup']:.2f}x")
     return t["speedup"]  # the objective a sweeper (e.g. Optuna) maximises
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised in the run's thread so that the run writes its failed result.json
+    (as Ctrl-C does) instead of vanishing; a BaseException so no `except Exception` eats it."""
+
+
+@contextlib.contextmanager
+def terminated_as_failure():
+    try:
+        previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    except ValueError:  # not the main thread: signals cannot be caught here
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated("terminated by SIGTERM")
+
+
+def mark_process(run_dir: Path) -> None:
+    """Record which process runs this run, so a reader can tell a dead run from a running one."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run_dir / PROCESS_FILE, {"pid": os.getpid(), "host": socket.gethostname(),
+                                               "start_time": time.time()})
+
+
+def invalid(cfg: DictConfig, run_dir: Path, exc: ConfigRangeError, multirun: bool) -> None:
+    """A config value out of range: one line; in a sweep, a failed result.json so the sweep lists it."""
+    if not multirun:
+        print(f"speclab train: {exc}", file=sys.stderr)
+        sys.exit(2)
+    log.error("run %s: %s", run_dir, exc)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config = OmegaConf.to_container(cfg, resolve=True)
+    runs_dir = Path(cfg.runs_dir).resolve()
+    run_id = str(run_dir.resolve().relative_to(runs_dir)) if runs_dir in run_dir.resolve().parents else run_dir.name
+    write_result(run_dir, failed_result(run_id, config, str(exc)))
+    return None
 
 
 def skipped(run_dir: Path, done: Path) -> float | None:

@@ -11,13 +11,15 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
+import socket
 import time
 from pathlib import Path
 from typing import Any
 
-from ..halving import DECISIONS_FILE
+from ..halving import DECISIONS_FILE, read_decisions
 from ..index import find_run_dirs, load_rows
-from ..results import RESULT_FILE
+from ..results import PROCESS_FILE, RESULT_FILE, result_problem
 from ..table import best_baseline, counts, note
 
 MAX_CURVE_POINTS = 400  # loss curves are thinned to this many points (the page draws SVG)
@@ -52,13 +54,37 @@ def run_entry(root: Path, row: dict) -> dict:
 
 
 def live_entry(root: Path, run_dir: Path) -> dict:
-    """A job that started (Hydra wrote .hydra/) but has no result.json yet."""
+    """A job that started (Hydra wrote .hydra/) but has no result.json yet: running, or dead."""
     rel = run_dir.relative_to(root).as_posix()
-    return {"run_dir": rel, "run_id": rel, "status": "running", "error": None, "family": None, "params": None,
+    dead = gone(run_dir)
+    return {"run_dir": rel, "run_id": rel, "status": "dead" if dead else "running", "error": dead,
+            "family": None, "params": None,
             "draft_ms_per_token": None, "acceptance_length": None, "acceptance_rate": None, "per_position": [],
             "speedup": None, "spec_tok_s": None, "baseline_tok_s": None, "checked_prompts": None,
             "mismatches": None, "train_steps": None, "final_loss": None,
             "loss": thin(read_live_loss(run_dir)), "events": []}
+
+
+def gone(run_dir: Path) -> str | None:
+    """Why a run without result.json is dead (its recorded process no longer exists), or None.
+
+    Only a process of this machine can be checked; one on another node (a SLURM job) is
+    taken as running, since its pid means nothing here.
+    """
+    try:
+        owner = json.loads((run_dir / PROCESS_FILE).read_text())
+        pid, host = int(owner["pid"]), str(owner["host"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if host != socket.gethostname():
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return f"its process {pid} ended without writing {RESULT_FILE} (killed)"
+    except PermissionError:  # alive, another user's
+        return None
+    return None
 
 
 def draft_ms(result: dict) -> Any:
@@ -112,12 +138,7 @@ def sweeps(root: Path) -> list[dict]:
         statuses = [_status(d) for d in jobs]
         entry = {"sweep_dir": sweep.relative_to(root).as_posix(), "jobs": len(jobs),
                  **{s: statuses.count(s) for s in ("completed", "failed", "running", "resumed")}, "halving": None}
-        decisions = sweep / DECISIONS_FILE
-        if decisions.is_file():
-            try:
-                entry["halving"] = json.loads(decisions.read_text())
-            except (OSError, json.JSONDecodeError):
-                pass
+        entry["halving"], entry["halving_error"] = read_decisions(sweep / DECISIONS_FILE)
         out.append(entry)
     return out
 
@@ -125,9 +146,10 @@ def sweeps(root: Path) -> list[dict]:
 def _status(job: Path) -> str:
     if (job / RESULT_FILE).is_file():
         try:
-            return "completed" if json.loads((job / RESULT_FILE).read_text()).get("status") == "completed" else "failed"
-        except (OSError, json.JSONDecodeError):
+            result = json.loads((job / RESULT_FILE).read_text())
+        except (OSError, ValueError):
             return "failed"
+        return "completed" if result_problem(result) is None and result["status"] == "completed" else "failed"
     return "resumed" if (job / RESUMED_FILE).is_file() else "running"
 
 

@@ -5,20 +5,28 @@
 
 No route takes a path or a file name, so nothing outside the runs' own records can be
 served; every string the page shows is inserted as text, never as HTML (page.html).
+
+A request must name this server in its Host header: a page on another site whose name
+was re-pointed at 127.0.0.1 (DNS rebinding) sends its own name there and gets 403, so
+it cannot read /api/state. A client that sends nothing is dropped after IDLE_TIMEOUT_S.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import socket
 from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from ..results import _finite
 from . import data
 
 PAGE = "page.html"
+IDLE_TIMEOUT_S = 30.0  # a connection silent this long is closed (one thread each: idle ones must not pile up)
 HEADERS = {  # the page loads nothing from elsewhere and may not be framed
     "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
                                "connect-src 'self'; img-src 'self' data:",
@@ -35,10 +43,12 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
         route = urlsplit(self.path).path
-        if route in ("/", "/index.html"):
+        if not allowed_host(self.headers.get("Host"), self.server.server_address):
+            self.send(403, "text/plain; charset=utf-8", b"host not allowed")
+        elif route in ("/", "/index.html"):
             self.send(200, "text/html; charset=utf-8", page())
         elif route == "/api/state":
-            body = json.dumps(data.state(self.root), allow_nan=False).encode()
+            body = json.dumps(_finite(data.state(self.root)), allow_nan=False).encode()
             self.send(200, "application/json", body)
         else:
             self.send(404, "text/plain; charset=utf-8", b"not found")
@@ -60,12 +70,45 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
 
+def allowed_host(header: str | None, bound: tuple) -> bool:
+    """Whether a Host header names this server: its port, and the bound address, a loopback
+    name for a loopback bind, or any address or this machine's name for a wildcard bind."""
+    if not header:
+        return False
+    name, port = _split_host(header.strip().lower())
+    if (port or "80") != str(bound[1]):
+        return False
+    address = ipaddress.ip_address(bound[0])
+    try:
+        literal = ipaddress.ip_address(name)
+    except ValueError:
+        literal = None
+    if address.is_unspecified:  # 0.0.0.0 / ::: any of this machine's addresses, or its names
+        return literal is not None or name in ("localhost", socket.gethostname().lower(), socket.getfqdn().lower())
+    if address.is_loopback:
+        return name == "localhost" or (literal is not None and literal.is_loopback)
+    return literal == address
+
+
+def _split_host(header: str) -> tuple[str, str | None]:
+    """'name:port', '[v6]:port' or a bare name -> (name, port or None)."""
+    if header.startswith("["):
+        name, _, rest = header[1:].partition("]")
+        return name, rest[1:] if rest.startswith(":") else None
+    if header.count(":") == 1:
+        name, port = header.split(":")
+        return name, port
+    return header, None
+
+
 def page() -> bytes:
     return (resources.files(__package__) / PAGE).read_bytes()
 
 
-def make_server(root: str | Path, host: str = "127.0.0.1", port: int = 8765) -> ThreadingHTTPServer:
+def make_server(root: str | Path, host: str = "127.0.0.1", port: int = 8765,
+                idle_timeout_s: float = IDLE_TIMEOUT_S) -> ThreadingHTTPServer:
     """A server over runs directory `root` (port 0: any free port; see server.server_address)."""
-    server = ThreadingHTTPServer((host, port), partial(Handler, root=Path(root)))
+    handler = type("TimedHandler", (Handler,), {"timeout": idle_timeout_s})  # socket timeout per connection
+    server = ThreadingHTTPServer((host, port), partial(handler, root=Path(root)))
     server.daemon_threads = True
     return server

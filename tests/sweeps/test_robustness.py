@@ -11,6 +11,7 @@ import pickle
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -252,3 +253,239 @@ def test_two_processes_building_one_data_cache(tmp_path):
     reports = _race(_build_data_after, tmp_path / "data", source)
     assert sorted(from_cache for from_cache, _ in reports) == [False, True]  # built once, reused once
     assert reports[0][1] == reports[1][1] and len(reports[0][1]) == 39
+
+
+# --- 4. config values are checked before any work ---------------------------------------------
+
+
+def _speclab(args, tmp_path, timeout=600, **popen):
+    env = {**os.environ, "SPECLAB_CACHE": str(tmp_path / "cache"), "WANDB_MODE": "disabled"}
+    cmd = [sys.executable, "-c", "from speclab.sweeps.cli import main; raise SystemExit(main())", *args]
+    if popen:
+        return subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("training.batch_size=-1", "training.batch_size=-1; valid: an integer >= 1"),  # before: hung 3 x 900 s
+    ("training.batch_size=0", "training.batch_size=0; valid: an integer >= 1"),  # before: failed after the data
+    ("eval.k=0", "eval.k=0; valid: an integer >= 1"),
+    ("training.max_steps=0", "training.max_steps=0; valid: an integer >= 1 (or -1)"),
+    ("data.prompt_top_p=1.5", "data.prompt_top_p=1.5; valid: a number > 0 and <= 1"),
+    ("training.watchdog.min_window=100", "min_window=100 exceeds training.watchdog.window"),
+])
+def test_a_bad_config_value_is_one_line_before_any_work(tmp_path, override, message):
+    proc = _speclab(["train", f"runs_dir={tmp_path / 'runs'}", *TINY, override], tmp_path, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (tmp_path / "cache").exists()  # no data or target was built
+
+
+def test_every_shipped_default_passes_the_checks():
+    from hydra import compose, initialize_config_module
+
+    from speclab.sweeps.config_check import check_config
+
+    with initialize_config_module("speclab.configs", version_base=None):
+        for overrides in ([], ["target=tiny", "training=smoke", "eval=smoke"], *[[f"faults={f}"] for f in FAULTS]):
+            check_config(compose("config", overrides=overrides))
+
+
+FAULTS = sorted(p.stem for p in (Path(__file__).parents[2] / "configs" / "faults").glob("*.yaml"))
+
+
+# --- 5. a sweep with failed runs exits non-zero and names them ---------------------------------
+
+
+def test_a_sweep_whose_runs_failed_exits_1_and_lists_them(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPECLAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    runs = tmp_path / "runs"
+    assert main(["sweep", "quick", f"runs_dir={runs}", *TINY, "training.batch_size=0"]) == 1  # before: 0
+    err = capsys.readouterr().err
+    assert "2 run(s) failed" in err
+    failed = [r for r in (json.loads(p.read_text()) for p in runs.rglob("result.json")) if r["status"] == "failed"]
+    assert len(failed) == 2  # the two candidates (training-free baselines need no batch size)
+    assert all(r["run_id"] in err and "training.batch_size=0" in r["error"] for r in failed)
+
+
+# --- 6. readers skip and flag one malformed result; NaN/Inf are written as null ----------------
+
+
+def _break(kind, root):
+    bad = root / "bad"
+    bad.mkdir(parents=True)
+    record = json.loads((root / "good" / "result.json").read_text())
+    text = {
+        "per_position_int": lambda: json.dumps({**record, "acceptance": {**record["acceptance"], "per_position": 5}}),
+        "nan_speedup": lambda: json.dumps(record).replace('"speedup": 1.4', '"speedup": NaN'),
+        "inf_speedup": lambda: json.dumps(record).replace('"speedup": 1.4', '"speedup": Infinity'),
+        "list": lambda: "[]",
+        "string_speedup": lambda: json.dumps({**record, "throughput": {"speedup": "fast"}}),
+        "section_is_a_list": lambda: json.dumps({**record, "train": [1, 2]}),
+        "empty": lambda: "",
+    }[kind]()
+    assert text != json.dumps(record)  # the damage took
+    (bad / "result.json").write_text(text)
+
+
+MALFORMED = ["per_position_int", "nan_speedup", "inf_speedup", "list", "string_speedup", "section_is_a_list", "empty"]
+
+
+@pytest.mark.parametrize("kind", MALFORMED)
+def test_one_malformed_result_is_flagged_and_the_rest_still_read(tmp_path, tiny_target, capsys, kind):
+    from speclab.sweeps.dashboard import data
+
+    root = tmp_path / "runs"
+    make_speculator_run(root, "good", tiny_target, speedup=1.4)
+    _break(kind, root)
+    state = json.loads(json.dumps(data.state(root), allow_nan=False))  # the page's payload stays strict JSON
+    by_id = {r["run_dir"]: r for r in state["runs"]}
+    assert by_id["good"]["status"] == "completed" and by_id["good"]["speedup"] == 1.4
+    assert by_id["bad"]["status"] in ("malformed", "unreadable") and by_id["bad"]["error"]
+    assert main(["runs", "--runs", str(root), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)  # strict JSON too: no NaN leaks into the listing
+    assert {r["run_dir"]: r["status"] for r in rows}["bad"] in ("malformed", "unreadable")
+    assert main(["runs", "--runs", str(root)]) == 0 and "good" in capsys.readouterr().out
+    out = tmp_path / "export"
+    assert main(["export", "--best", "--out", str(out), "--runs", str(root)]) == 0
+    assert json.loads((out / "export.json").read_text())["run_id"] == "good"
+
+
+@pytest.mark.parametrize("halving", ["", "[]", '{"rungs": 5}', '{"metric": "speedup", "eta": 2, "rungs": [{"runs": '
+                                     '[{"value": NaN}]}], "winner": null}'])
+def test_a_bad_halving_record_does_not_blank_the_dashboard(tmp_path, tiny_target, halving):
+    import http.client
+
+    from speclab.sweeps.dashboard.server import make_server
+
+    root = tmp_path / "runs"
+    make_speculator_run(root, "sweep/0", tiny_target, speedup=1.4)
+    (root / "sweep" / "multirun.yaml").write_text("hydra: {}\n")
+    (root / "sweep" / "0" / ".hydra").mkdir()
+    (root / "sweep" / "halving.json").write_text(halving)
+    server = make_server(root, port=0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=10)
+        conn.request("GET", "/api/state")
+        response = conn.getresponse()
+        assert response.status == 200  # before: NaN in halving.json made json.dumps raise, the page went blank
+        state = json.loads(response.read())
+        assert [r["run_id"] for r in state["runs"]] == ["sweep/0"] and len(state["sweeps"]) == 1
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_nan_and_inf_are_written_as_null(tmp_path):
+    from speclab.sweeps.results import write_json_atomic
+
+    path = write_json_atomic(tmp_path / "x.json", {"loss": float("nan"), "rates": [float("inf"), 0.5]})
+    assert json.loads(path.read_text()) == {"loss": None, "rates": [None, 0.5]}  # strict JSON: parses anywhere
+
+
+# --- 7. resource failures are named; SIGTERM fails the run like Ctrl-C; dead runs show dead ---
+
+
+def test_a_full_disk_is_a_one_line_error_naming_the_path_and_bytes(tmp_path, tiny_target, monkeypatch):
+    import shutil as shutil_module
+
+    from speclab.training import cache_lock
+    from speclab.training.features import build_feature_store
+
+    usage = shutil_module.disk_usage(tmp_path)
+    monkeypatch.setattr(cache_lock.shutil, "disk_usage", lambda p: usage._replace(free=1000))
+    with pytest.raises(cache_lock.CacheSpaceError) as caught:
+        build_feature_store(tiny_target, _race_examples(4), "full", tmp_path / "features", progress=False)
+    needed = sum(len(e["input_ids"]) for e in _race_examples(4)) * tiny_target.hidden_size * 4
+    message = str(caught.value)
+    assert "hidden.npy" in message and f"{needed:,} bytes needed" in message and "\n" not in message
+    assert not [p for p in (tmp_path / "features").iterdir() if not p.name.endswith(".lock")]  # nothing half-built
+
+
+def test_blocks_are_reserved_so_a_disk_filled_meanwhile_fails_loudly(tmp_path, tiny_target, monkeypatch):
+    import errno
+
+    from speclab.training import cache_lock
+    from speclab.training.features import build_feature_store
+
+    def full(fd, offset, size):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(cache_lock.os, "posix_fallocate", full)  # before: pages mapped sparse, SIGBUS at a write
+    with pytest.raises(cache_lock.CacheSpaceError, match="bytes needed"):
+        build_feature_store(tiny_target, _race_examples(4), "full", tmp_path / "features", progress=False)
+
+
+def test_sigterm_writes_a_failed_result_like_sigint(tmp_path):
+    import signal
+    import time
+
+    runs = tmp_path / "runs"
+    proc = _speclab(["train", f"runs_dir={runs}", "run_name=term", *TINY, "training.max_steps=50", "faults=hang"],
+                    tmp_path, popen=True)
+    heartbeat = runs / "term" / "heartbeat.json"
+    deadline = time.time() + 600
+    while time.time() < deadline and not (heartbeat.is_file() and '"training"' in heartbeat.read_text()):
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    result = json.loads((runs / "term" / "result.json").read_text())  # before: no result.json at all
+    assert result["status"] == "failed" and "SIGTERM" in result["error"]
+
+
+def test_a_run_whose_process_is_gone_shows_as_dead(tmp_path):
+    import socket
+
+    from speclab.sweeps.dashboard import data
+
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    for name, pid in (("dead", int(ended.stdout)), ("alive", os.getpid())):
+        (tmp_path / name / ".hydra").mkdir(parents=True)
+        (tmp_path / name / "process.json").write_text(json.dumps({"pid": pid, "host": socket.gethostname()}))
+    status = {r["run_dir"]: r["status"] for r in data.state(tmp_path)["runs"]}
+    assert status == {"dead": "dead", "alive": "running"}  # before: both "running", forever
+
+
+# --- 10. the dashboard answers only requests for itself, and drops idle clients -----------------
+
+
+@pytest.fixture
+def dashboard(tmp_path):
+    from speclab.sweeps.dashboard.server import make_server
+
+    (tmp_path / "runs").mkdir()
+    server = make_server(tmp_path / "runs", port=0, idle_timeout_s=0.5)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("host, code", [
+    ("127.0.0.1:{port}", 200), ("localhost:{port}", 200), ("[::1]:{port}", 200),
+    ("evil.example:{port}", 403),  # a rebinding page's own name: before, 200 with the whole state
+    ("127.0.0.1:1", 403), ("10.1.2.3:{port}", 403), ("", 403),
+])
+def test_the_host_header_must_name_the_bound_address(dashboard, host, code):
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", dashboard, timeout=10)
+    conn.putrequest("GET", "/api/state", skip_host=True)
+    if host:
+        conn.putheader("Host", host.format(port=dashboard))
+    conn.endheaders()
+    assert conn.getresponse().status == code
+
+
+def test_an_idle_client_is_disconnected(dashboard):
+    import socket
+    import time
+
+    with socket.create_connection(("127.0.0.1", dashboard), timeout=10) as sock:
+        start = time.time()
+        assert sock.recv(1) == b""  # the server closed it (before: held open forever)
+        assert time.time() - start < 5
