@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -34,9 +34,6 @@ from speclab.speculator.target import FrozenTarget
 
 from .metrics import AcceptanceStats
 from .sampling import SamplingConfig, TokenChooser
-
-if TYPE_CHECKING:
-    from transformers import DynamicCache
 
 
 @dataclass
@@ -72,7 +69,7 @@ def generate_plain(
     stop = _stop_ids(target, eos_ids)
     chooser = TokenChooser(sampling)
     start = time.perf_counter()
-    cache = target.new_cache()
+    cache = target.new_cache(max_len=prompt_ids.shape[1] + max_new_tokens)
     logits = target(prompt_ids, cache, logits_for="last").logits  # [1, 1, V]
     tokens: list[int] = []
     steps = 1
@@ -104,15 +101,16 @@ def generate_speculative(
     one-hot on `propose`'s deterministic drafts, or the draft's own distribution when
     `sampling.drafts == "sample"` (sampling.py).
     """
-    prompt_ids = _check_prompt(target, prompt_ids, max_new_tokens)
     k = effective_draft_len(speculator, k)
+    prompt_ids = _check_prompt(target, prompt_ids, max_new_tokens, headroom=k + 1)
     if stats is not None and stats.k != k:
         raise ValueError(f"stats were built for k={stats.k} but this run drafts k={k} per step")
     stop = _stop_ids(target, eos_ids)
     chooser = TokenChooser(sampling)
     gen = Generation([], 0.0, 1, 0)
     start = time.perf_counter()
-    cache, layer_ids, state, pending = prefill_speculative(target, speculator, prompt_ids, chooser, gen)
+    cache, layer_ids, state, pending = prefill_speculative(target, speculator, prompt_ids, chooser, gen,
+                                                           max_len=prompt_ids.shape[1] + max_new_tokens + k + 1)
     tokens = [pending.item()]
     while tokens[-1] not in stop and len(tokens) < max_new_tokens:
         clock = time.perf_counter()
@@ -136,8 +134,8 @@ def generate_speculative(
             break  # done: skip the cache and speculator updates nobody will read
         FrozenTarget.rollback(cache, k - n)  # the cache keeps pending, d_1..d_n
         clock = time.perf_counter()
-        layers = stack_layers(out, layer_ids)
-        speculator.accept(state, torch.cat([pending, drafts[:, :n]], dim=1), out.hidden[:, : n + 1],
+        hidden, layers = speculator_features(speculator, out, layer_ids)
+        speculator.accept(state, torch.cat([pending, drafts[:, :n]], dim=1), hidden[:, : n + 1],
                           None if layers is None else layers[:, : n + 1])
         gen.draft_seconds += _lap(target, clock)
         pending = next_token.view(1, 1)
@@ -145,15 +143,16 @@ def generate_speculative(
 
 
 def prefill_speculative(target: FrozenTarget, speculator: Speculator, prompt_ids: torch.Tensor,
-                        chooser: TokenChooser, gen: Generation) -> tuple[DynamicCache, tuple[int, ...], Any, torch.Tensor]:
+                        chooser: TokenChooser, gen: Generation,
+                        max_len: int) -> tuple[Any, tuple[int, ...], Any, torch.Tensor]:
     """The prompt through the target, the speculator started on its features (counted as
-    draft time) and the first token chosen: (cache, layer ids, draft state, pending [1, 1]).
-    Chain and tree decoding (tree.py) both start here."""
-    cache = target.new_cache()
+    draft time) and the first token chosen: (cache of max_len positions, layer ids, draft
+    state, pending [1, 1]). Chain and tree decoding (tree.py) both start here."""
+    cache = target.new_cache(max_len=max_len)
     layer_ids = speculator.target_layer_ids
     prefill = target(prompt_ids, cache, layer_ids, logits_for="last")  # logits [1, 1, V], hidden [1, T, H]
     clock = time.perf_counter()
-    state = speculator.start(prompt_ids, prefill.hidden, stack_layers(prefill, layer_ids))
+    state = speculator.start(prompt_ids, *speculator_features(speculator, prefill, layer_ids))
     gen.draft_seconds += _lap(target, clock)
     return cache, layer_ids, state, chooser.choose(prefill.logits[:, -1])
 
@@ -205,12 +204,28 @@ def stack_layers(out, layer_ids: tuple[int, ...]) -> torch.Tensor | None:
     return torch.stack([out.layers[i] for i in layer_ids], dim=2) if layer_ids else None
 
 
-def _check_prompt(target: FrozenTarget, prompt_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+def speculator_features(speculator: Speculator, out, layer_ids: tuple[int, ...]):
+    """(hidden [B, T, H], layers [B, T, L, H] or None) of a target pass, in the speculator's
+    own dtype: the speculator runs in the dtype it was handed, whatever the target computes in."""
+    dtype = next((p.dtype for p in speculator.parameters()), out.hidden.dtype)
+    layers = stack_layers(out, layer_ids)
+    return out.hidden.to(dtype), None if layers is None else layers.to(dtype)
+
+
+def _check_prompt(target: FrozenTarget, prompt_ids: torch.Tensor, max_new_tokens: int,
+                  headroom: int = 0) -> torch.Tensor:
+    """A [1, T] prompt that fits the target's context with max_new_tokens (and `headroom`
+    draft positions) after it; anything else is refused, naming the limit."""
     # Batch size 1 only: the loops commit a different number of tokens per step per row.
     if prompt_ids.dim() != 2 or prompt_ids.shape[0] != 1 or prompt_ids.shape[1] == 0:
         raise ValueError(f"decoding takes one prompt, prompt_ids [1, T] with T >= 1; got {tuple(prompt_ids.shape)}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    need, context = prompt_ids.shape[1] + max_new_tokens + headroom, target.context_length
+    if need > context:
+        raise ValueError(f"prompt of {prompt_ids.shape[1]} tokens + {max_new_tokens} new tokens"
+                         f"{f' + {headroom} draft positions' if headroom else ''} exceeds {target.name}'s "
+                         f"context of {context} tokens; shorten the prompt or lower max_new_tokens")
     return prompt_ids.to(device=target.device, dtype=torch.long)
 
 

@@ -37,7 +37,7 @@ from speclab.kernels.verify import sample_inverse_cdf
 from speclab.speculator.base import Speculator
 from speclab.speculator.target import FrozenTarget
 
-from .engine import Generation, _check_prompt, _lap, _stop_ids, finish, prefill_speculative, stack_layers
+from .engine import Generation, _check_prompt, _lap, _stop_ids, finish, prefill_speculative, speculator_features
 from .metrics import AcceptanceStats
 from .sampling import SamplingConfig, TokenChooser
 
@@ -196,16 +196,17 @@ def generate_tree(
     `stats`, when given, must be built for k = the capped depth; each step records the
     accepted path length and the tree's node count as the drafted tokens.
     """
-    prompt_ids = _check_prompt(target, prompt_ids, max_new_tokens)
     limit = speculator.max_draft_len()
     cfg = tree if limit is None or tree.depth <= limit else TreeConfig(tree.shape, limit, tree.top_k, tree.budget)
+    prompt_ids = _check_prompt(target, prompt_ids, max_new_tokens, headroom=cfg.budget + 1)
     if stats is not None and stats.k != cfg.depth:
         raise ValueError(f"stats were built for k={stats.k} but this tree is {cfg.depth} deep")
     stop = _stop_ids(target, eos_ids)
     chooser = TokenChooser(sampling)
     gen = Generation([], 0.0, 1, 0)
     start = time.perf_counter()
-    cache, layer_ids, state, pending = prefill_speculative(target, speculator, prompt_ids, chooser, gen)
+    cache, layer_ids, state, pending = prefill_speculative(target, speculator, prompt_ids, chooser, gen,
+                                                           max_len=prompt_ids.shape[1] + max_new_tokens + cfg.budget + 1)
     tokens = [pending.item()]
     while tokens[-1] not in stop and len(tokens) < max_new_tokens:
         clock = time.perf_counter()
@@ -233,8 +234,8 @@ def generate_tree(
         index = torch.tensor(path, device=target.device)
         FrozenTarget.keep(cache, past, index)  # the cache keeps pending and the accepted path
         clock = time.perf_counter()
-        layers = stack_layers(out, layer_ids)
-        speculator.accept(state, ids[:, index], out.hidden[:, index], None if layers is None else layers[:, index])
+        hidden, layers = speculator_features(speculator, out, layer_ids)
+        speculator.accept(state, ids[:, index], hidden[:, index], None if layers is None else layers[:, index])
         gen.draft_seconds += _lap(target, clock)
         pending = torch.tensor([[next_id]], device=target.device)
     return finish(gen, tokens, stop, max_new_tokens, start)

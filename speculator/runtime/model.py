@@ -1,0 +1,135 @@
+"""The lean decoder: a Llama-family forward pass over a static KV cache.
+
+Built from a loaded transformers model (it reads the weights, then the lean copy is what
+runs): q/k/v fused in one projection, gate/up in another, every linear prepacked for its
+backend (ops.py). One pass takes B rows x T new tokens, each row at its own cache row and
+length (rows of a batch may hold prompts of different lengths), explicit positions and an
+optional [T, T] visibility mask among the new tokens (a draft tree).
+
+Per layer (shapes with M = B * T):
+    h = rmsnorm(x)                  [M, D]
+    qkv = h @ Wqkv^T (+ b)          [M, (H + 2KV) hd]
+    a = attention(rope(qkv), cache) [M, H hd]     new k, v written into the cache
+    x += a @ Wo^T
+    x += silu_mul(rmsnorm(x) @ Wgu^T) @ Wdown^T
+hidden = rmsnorm(x); logits = hidden @ Whead^T for the rows asked for.
+
+`layers` returns transformers' `hidden_states` ids: 0 is the embedding output, i in
+1..L-1 the residual stream after layer i, and L the final normed state (as transformers
+records it), so features match the transformers path one for one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Sequence
+
+import torch
+
+from .cache import StaticKVCache
+from .config import LeanConfig, lean_config, rope_tables
+from .ops import Weight, backend
+
+
+@dataclass
+class LeanLayer:
+    attn_norm: torch.Tensor  # [D] fp32
+    qkv: Weight
+    o: Weight
+    mlp_norm: torch.Tensor  # [D] fp32
+    gate_up: Weight
+    down: Weight
+
+
+@dataclass
+class LeanOutput:
+    logits: torch.Tensor | None  # [B, T', V] fp32
+    hidden: torch.Tensor  # [B, T, D] fp32, after the final norm
+    layers: dict[int, torch.Tensor] = field(default_factory=dict)  # hidden_states id -> [B, T, D]
+
+
+class LeanDecoder:
+    def __init__(self, model, choice: str = "auto"):
+        """model: a transformers Llama-family causal LM (lean_config says which)."""
+        self.config: LeanConfig = lean_config(model.config)
+        weights = model.lm_head.weight
+        self.device, self.dtype = weights.device, weights.dtype
+        self.ops = backend(self.device, self.dtype, choice)
+        body = model.model
+        self.embed = body.embed_tokens.weight.detach()  # [V, D], looked up then widened
+        self.layers = [self._layer(layer) for layer in body.layers]
+        self.norm = body.norm.weight.detach().float().contiguous()
+        self.head = self.ops.pack(model.lm_head.weight.detach())
+        self.cos, self.sin = (t.to(self.device) for t in rope_tables(
+            body.rotary_emb, self.config.head_dim, self.config.max_positions))
+
+    def _layer(self, layer) -> LeanLayer:
+        a, m = layer.self_attn, layer.mlp
+        qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach()
+        bias = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]).detach() if a.q_proj.bias is not None else None
+        return LeanLayer(
+            attn_norm=layer.input_layernorm.weight.detach().float().contiguous(),
+            qkv=self.ops.pack(qkv, bias),
+            o=self.ops.pack(a.o_proj.weight.detach()),
+            mlp_norm=layer.post_attention_layernorm.weight.detach().float().contiguous(),
+            gate_up=self.ops.pack(torch.cat([m.gate_proj.weight, m.up_proj.weight]).detach()),
+            down=self.ops.pack(m.down_proj.weight.detach()),
+        )
+
+    @property
+    def backend(self) -> str:
+        return self.ops.name
+
+    def new_cache(self, rows: int = 1, max_len: int | None = None) -> StaticKVCache:
+        c = self.config
+        length = min(max_len or c.max_positions, c.max_positions)
+        return StaticKVCache(c.num_layers, rows, c.num_kv_heads, length, c.head_dim, self.device)
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, cache: StaticKVCache | None = None, rows: Sequence[int] | None = None,
+                positions: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+                layer_ids: Sequence[int] = (), logits_for: Literal["all", "last", "none"] = "all") -> LeanOutput:
+        """input_ids [B, T]; rows: the cache row of each batch row (default 0..B-1); positions
+        [B, T] (default each row's cached length onwards); mask [T, T] bool, True where new
+        token i sees new token j (default causal). Without a cache a scratch one is used."""
+        c = self.config
+        B, T = input_ids.shape
+        if cache is None:
+            cache = self.new_cache(rows=B, max_len=T)
+        rows = list(range(B)) if rows is None else list(rows)
+        cache.reserve(rows, T)
+        lens = torch.tensor([cache.lens[r] for r in rows], dtype=torch.int64)
+        if positions is None:
+            positions = lens[:, None] + torch.arange(T)[None]  # [B, T]
+        positions = positions.to(dtype=torch.int64, device="cpu").contiguous()
+        if int(positions.max()) >= c.max_positions:
+            raise ValueError(f"position {int(positions.max())} is past the model's context ({c.max_positions})")
+        row_index = torch.tensor(rows, dtype=torch.int64)
+        visible = None if mask is None else mask.to(dtype=torch.uint8, device="cpu").contiguous()
+        on = self.device
+        positions_d, rows_d, lens_d = (t.to(on) for t in (positions, row_index, lens))
+        visible_d = None if visible is None else visible.to(on)
+
+        x = self.embed.index_select(0, input_ids.reshape(-1).to(on)).float()  # [M, D]
+        wanted = set(layer_ids)
+        layers = {0: x.view(B, T, -1).clone()} if 0 in wanted else {}
+        ops = self.ops
+        for i, layer in enumerate(self.layers):
+            qkv = ops.linear(ops.rmsnorm(x, layer.attn_norm, c.rms_eps), layer.qkv)
+            attended = ops.attention(qkv, positions_d, self.cos, self.sin, cache.k[i], cache.v[i], rows_d, lens_d,
+                                     visible_d, B, T, c.num_heads, c.num_kv_heads, c.head_dim)
+            ops.linear(attended, layer.o, out=x)  # x += attention output
+            mlp_in = ops.silu_mul(ops.linear(ops.rmsnorm(x, layer.mlp_norm, c.rms_eps), layer.gate_up))
+            ops.linear(mlp_in, layer.down, out=x)  # x += MLP output
+            if i + 1 in wanted and i + 1 < c.num_layers:
+                layers[i + 1] = x.view(B, T, -1).clone()
+        cache.advance(rows, T)
+        hidden = ops.rmsnorm(x, self.norm, c.rms_eps).view(B, T, -1)
+        if c.num_layers in wanted:
+            layers[c.num_layers] = hidden
+        if logits_for == "none":
+            logits = None
+        else:
+            rows_in = hidden[:, -1:] if logits_for == "last" else hidden
+            logits = ops.linear(rows_in.reshape(-1, c.hidden_size).contiguous(), self.head).view(B, rows_in.shape[1], -1)
+        return LeanOutput(logits, hidden, layers)

@@ -1,0 +1,100 @@
+"""Build and load the lean decoder's CPU kernels (native.c) with the machine's own compiler.
+
+The library is compiled once per machine (its flags come from `-march=native`, so an AVX2
+machine and an AVX-512 one each get their own build) into the speclab cache, keyed by the
+source, the flags and the compiler, and written atomically so concurrent runs never load a
+half-written file. Without a C compiler `load()` returns None and the runtime falls back to
+its pure-torch path (reference.py), which computes the same maths more slowly.
+
+The library links OpenMP; `import torch` runs first, so the dynamic loader binds it to the
+OpenMP runtime torch already loaded and both share one thread pool.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+import torch  # noqa: F401  (loads torch's OpenMP runtime before the library; see above)
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("native.c")
+FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC")
+_VOID, _I64, _INT, _FLOAT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+SIGNATURES = {
+    # name: argument types (all return void but the two queries)
+    "lean_gemm": (_VOID, _I64, _VOID, _INT, _VOID, _I64, _INT, _INT, _INT, _INT),
+    "lean_rmsnorm": (_VOID, _VOID, _VOID, _INT, _INT, _FLOAT),
+    "lean_silu_mul": (_VOID, _VOID, _INT, _INT),
+    "lean_attention": (_VOID, _VOID, _VOID, _VOID, _VOID, _VOID, _VOID, _VOID, _VOID, _VOID,
+                       _INT, _INT, _INT, _INT, _INT, _INT, _FLOAT),
+}
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("SPECLAB_CACHE", Path.home() / ".cache" / "speclab")) / "native"
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+
+
+def _build_key(cc: str) -> str:
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
+    # -march=native resolves to this CPU's features: ask the compiler what it enables.
+    native = subprocess.run([cc, "-march=native", "-Q", "--help=target"], capture_output=True, text=True).stdout
+    h = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), version.encode(), native.encode()):
+        h.update(part)
+    return h.hexdigest()[:16]
+
+
+def _compile(cc: str, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".so.tmp")
+    os.close(fd)
+    try:
+        subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], check=True, capture_output=True, text=True)
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+@lru_cache(maxsize=1)
+def load() -> ctypes.CDLL | None:
+    """The compiled kernels, or None where they cannot be built (logged once)."""
+    if os.environ.get("SPECLAB_NATIVE", "1") == "0":
+        return None
+    cc = _compiler()
+    if cc is None:
+        log.warning("no C compiler found: the lean runtime uses its slower pure-torch path")
+        return None
+    try:
+        out = _cache_dir() / f"lean-{_build_key(cc)}.so"
+        if not out.is_file():
+            _compile(cc, out)
+        lib = ctypes.CDLL(str(out))
+    except (OSError, subprocess.CalledProcessError) as exc:
+        detail = getattr(exc, "stderr", "") or str(exc)
+        log.warning("building the lean CPU kernels failed (%s): using the pure-torch path", detail.strip()[:500])
+        return None
+    for name, args in SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, None
+    lib.lean_pack_width.restype = ctypes.c_int
+    return lib
+
+
+def pack_width() -> int:
+    """Outputs per packed weight panel (64 with AVX-512, 16 with AVX2)."""
+    lib = load()
+    return lib.lean_pack_width() if lib is not None else 0

@@ -1,0 +1,150 @@
+"""The lean decoder's five operations, on two backends with one signature.
+
+- `NativeOps`: the C kernels of native.c (CPU): batch-invariant, bandwidth-bound GEMV.
+- `TorchOps`: the same maths in plain torch ops: the reference the kernels are tested
+  against, and the path on GPUs or machines without a C compiler.
+
+Activations are fp32 [M, width] row-major (M = batch rows x new tokens); weights are fp32
+or bf16, read as fp32 (a bf16 weight widens exactly). Shapes are in the comments.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from . import native
+
+
+@dataclass
+class Weight:
+    """A linear layer's weight [N, K] in the layout its backend reads."""
+
+    data: torch.Tensor  # native: [ceil(N / NR), K, NR] packed panels; torch: [N, K]
+    out_features: int  # N
+    in_features: int  # K
+    bias: torch.Tensor | None = None  # [N] fp32
+
+
+def _ptr(t: torch.Tensor | None):
+    return None if t is None else ctypes.c_void_p(t.data_ptr())
+
+
+class NativeOps:
+    name = "native"
+
+    def __init__(self, lib):
+        self.lib = lib
+        self.width = lib.lean_pack_width()
+
+    def pack(self, w: torch.Tensor, bias: torch.Tensor | None = None) -> Weight:
+        """[N, K] -> panels [ceil(N / NR), K, NR]: a panel's K x NR block is contiguous, so a
+        thread streams it once and every row tile reuses it from cache."""
+        N, K = w.shape
+        blocks = -(-N // self.width)
+        padded = w.new_zeros(blocks * self.width, K)
+        padded[:N] = w
+        panels = padded.view(blocks, self.width, K).transpose(1, 2).contiguous()
+        return Weight(panels, N, K, None if bias is None else bias.float().contiguous())
+
+    def linear(self, x: torch.Tensor, w: Weight, out: torch.Tensor | None = None) -> torch.Tensor:
+        """x [M, K] fp32 -> x @ W^T [M, N]; with `out`, adds into it in place (a residual)."""
+        M = x.shape[0]
+        accumulate = out is not None
+        if out is None:
+            out = torch.empty(M, w.out_features, dtype=torch.float32, device=x.device)
+        self.lib.lean_gemm(_ptr(x), x.stride(0), _ptr(w.data), int(w.data.dtype == torch.bfloat16), _ptr(out),
+                           out.stride(0), M, w.in_features, w.out_features, int(accumulate))
+        if w.bias is not None:
+            out += w.bias
+        return out
+
+    def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        out = torch.empty_like(x)
+        self.lib.lean_rmsnorm(_ptr(x), _ptr(weight), _ptr(out), x.shape[0], x.shape[1], eps)
+        return out
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:  # [M, 2I] -> [M, I]
+        M, I = gate_up.shape[0], gate_up.shape[1] // 2
+        out = torch.empty(M, I, dtype=torch.float32, device=gate_up.device)
+        self.lib.lean_silu_mul(_ptr(gate_up), _ptr(out), M, I)
+        return out
+
+    def attention(self, qkv, positions, cos, sin, k_cache, v_cache, rows, lens, mask, B, T, H, KV, hd):
+        """qkv [B*T, (H + 2KV) hd] (RoPE'd in place), positions [B, T], k/v_cache [R, KV, S, hd]
+        (the new keys/values land at slots lens[b]..), rows/lens [B] int64, mask [T, T] uint8
+        or None (causal) -> [B*T, H hd]."""
+        out = torch.empty(B * T, H * hd, dtype=torch.float32, device=qkv.device)
+        self.lib.lean_attention(_ptr(qkv), _ptr(positions), _ptr(cos), _ptr(sin), _ptr(k_cache), _ptr(v_cache),
+                                _ptr(rows), _ptr(lens), _ptr(mask), _ptr(out), B, T, H, KV, hd,
+                                k_cache.shape[2], hd ** -0.5)
+        return out
+
+
+class TorchOps:
+    name = "torch"
+
+    def __init__(self, compute_dtype: torch.dtype = torch.float32):
+        self.compute_dtype = compute_dtype
+
+    def pack(self, w: torch.Tensor, bias: torch.Tensor | None = None) -> Weight:
+        # Widened once: the maths of the native path (weights as stored, fp32 products).
+        return Weight(w.to(self.compute_dtype).contiguous(), w.shape[0], w.shape[1],
+                      None if bias is None else bias.float())
+
+    def linear(self, x, w: Weight, out=None):
+        y = F.linear(x.to(w.data.dtype), w.data).float()
+        if w.bias is not None:
+            y = y + w.bias
+        if out is None:
+            return y
+        out += y
+        return out
+
+    def rmsnorm(self, x, weight, eps):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+    def silu_mul(self, gate_up):
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+    def attention(self, qkv, positions, cos, sin, k_cache, v_cache, rows, lens, mask, B, T, H, KV, hd):
+        q, k, v = qkv.view(B, T, H + 2 * KV, hd).split([H, KV, KV], dim=2)  # [B, T, heads, hd]
+        c, s = cos[positions][:, :, None], sin[positions][:, :, None]  # [B, T, 1, hd/2]
+        q, k = _rope(q, c, s), _rope(k, c, s)
+        out = torch.empty(B, T, H, hd, dtype=torch.float32, device=qkv.device)
+        for b in range(B):  # the reference path: one row at a time
+            row, past = int(rows[b]), int(lens[b])
+            k_cache[row, :, past : past + T] = k[b].transpose(0, 1)
+            v_cache[row, :, past : past + T] = v[b].transpose(0, 1)
+            keys = k_cache[row, :, : past + T].repeat_interleave(H // KV, dim=0)  # [H, S', hd]
+            values = v_cache[row, :, : past + T].repeat_interleave(H // KV, dim=0)
+            see = torch.ones(T, past + T, dtype=torch.bool, device=qkv.device)
+            new = torch.ones(T, T, dtype=torch.bool, device=qkv.device).tril() if mask is None else mask.bool()
+            see[:, past:] = new
+            scores = (q[b].transpose(0, 1) @ keys.transpose(1, 2)) * hd ** -0.5  # [H, T, S']
+            probs = scores.masked_fill(~see, float("-inf")).softmax(-1)
+            out[b] = (probs @ values).transpose(0, 1)
+        return out.view(B * T, H * hd)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE: pairs (i, i + hd/2) turn by the position's angle."""
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
+
+
+def backend(device: torch.device, weight_dtype: torch.dtype, choice: str = "auto"):
+    """`auto`: the native kernels on CPU where they build, torch ops otherwise."""
+    if choice not in ("auto", "native", "torch"):
+        raise ValueError(f"unknown lean backend {choice!r}; valid: auto, native, torch")
+    lib = native.load() if device.type == "cpu" and choice != "torch" else None
+    if choice == "native" and lib is None:
+        raise RuntimeError("the native lean kernels are unavailable (CPU only, needs a C compiler)")
+    if lib is not None:
+        return NativeOps(lib)
+    # CPU: fp32 products as the kernels compute them; GPU: the weights' own dtype (tensor cores).
+    return TorchOps(torch.float32 if device.type == "cpu" else weight_dtype)
