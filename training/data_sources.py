@@ -8,6 +8,7 @@ rows are deduplicated on it and split into train / held-out by its hash.
 from __future__ import annotations
 
 import contextlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -84,6 +85,9 @@ def load_rows(cfg: DataConfig, scratch_dir: Path) -> datasets.Dataset:
     if cfg.source == "hub":
         return _load_hub(cfg)
     files = [str(p) for p in source_files(cfg)]
+    if cfg.source == "jsonl":
+        for path in files:
+            check_json_lines(Path(path))  # `datasets`' own errors name neither the file nor the line
     unit = "document" if cfg.text_split == "chunk" else "paragraph"  # chunk: whole files, cut later
     extra = {"sample_by": unit} if cfg.source == "text" else {}
     try:
@@ -91,6 +95,27 @@ def load_rows(cfg: DataConfig, scratch_dir: Path) -> datasets.Dataset:
                                      cache_dir=str(scratch_dir), **extra)
     except Exception as exc:
         raise ValueError(f"could not read {cfg.path} as data.source={cfg.source}: {exc}") from exc
+
+
+def check_json_lines(path: Path) -> None:
+    """Every non-blank line of a .jsonl file is a JSON object, and there is at least one;
+    otherwise a ValueError naming the file and the line. (A .json file may be one document.)"""
+    if path.suffix != ".jsonl":
+        return
+    rows = 0
+    with open(path, encoding="utf-8", errors="replace") as f:  # bad bytes then fail as bad JSON, with a line
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as exc:
+                raise ValueError(f"{path}:{line_no}: not valid JSON ({getattr(exc, 'msg', exc)})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{line_no}: expected a JSON object per line, got {type(row).__name__}")
+            rows += 1
+    if not rows:
+        raise ValueError(f"{path} is empty: a jsonl data file needs one JSON object per line")
 
 
 def _load_hub(cfg: DataConfig) -> datasets.Dataset:

@@ -489,3 +489,35 @@ def test_an_idle_client_is_disconnected(dashboard):
         start = time.time()
         assert sock.recv(1) == b""  # the server closed it (before: held open forever)
         assert time.time() - start < 5
+
+
+# --- 9. malformed JSONL data names the file and the line ----------------------------------------
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"prompt": "a", "response": "b"}\n{"prompt": "c", "response": \n', "chats.jsonl:2: not valid JSON"),
+    ('{"prompt": "a", "response": "b"}\n\n[1, 2]\n', "chats.jsonl:3: expected a JSON object per line, got list"),
+    ("", "chats.jsonl is empty: a jsonl data file needs one JSON object per line"),  # before: "...jsonl: "
+    ("\n  \n", "chats.jsonl is empty"),
+])
+def test_bad_jsonl_data_names_the_file_and_line(tmp_path, tiny_target, content, message):
+    from speclab.training.data import DataConfig, build_dataset
+
+    path = tmp_path / "chats.jsonl"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=message.replace("[", r"\[")) as caught:
+        build_dataset(tiny_target, DataConfig(source="jsonl", path=str(path), num_prompts=0), tmp_path / "cache",
+                      progress=False)
+    assert str(path) in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_bad_prompts_file_names_the_line(tmp_path):
+    from speclab.eval.prompts import load_prompts
+
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "ok"}\nnot json\n')
+    with pytest.raises(ValueError, match="prompts.jsonl:2: not valid JSON"):
+        load_prompts(path)
+    path.write_text("")
+    with pytest.raises(ValueError, match="holds no prompts"):
+        load_prompts(path)
