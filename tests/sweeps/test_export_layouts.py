@@ -15,7 +15,7 @@ from speclab.speculator.base import TargetInfo, build_speculator
 from speclab.speculator.targets import tiny_llama
 from speclab.sweeps.cli import main
 from speclab.sweeps.export import export_best
-from speclab.sweeps.export_formats import load_checkpoint
+from speclab.sweeps.export_formats import ExportContext, load_checkpoint, verifier_of
 from speclab.sweeps.results import weights_sha256
 
 TARGET_CONFIG = {"_target_": "speclab.speculator.targets.tiny_llama", "seed": 0, "num_layers": 4}
@@ -173,3 +173,12 @@ def test_every_layout_reloads_with_speclab_eval_losslessly(tmp_path, target, fam
     scored = json.loads(report.read_text())
     assert scored["lossless"] == {"checked_prompts": 2, "mismatches": 0}
     assert scored["acceptance"]["num_drafts"] > 0
+
+
+def test_the_verifier_is_a_hub_id_for_a_known_target_and_a_local_path_otherwise(tmp_path, target):
+    smollm2 = ExportContext({"target_config": {"_target_": "speclab.speculator.targets.smollm2_from_gguf"}}, k=4)
+    assert verifier_of(smollm2, "ignored", tmp_path) == ("HuggingFaceTB/SmolLM2-135M-Instruct", "LlamaForCausalLM")
+    target.model.save_pretrained(tmp_path / "my-model")  # a user's local checkpoint
+    local = ExportContext({"target_config": {"_target_": "speclab.speculator.targets.hf_causal_lm",
+                                             "name_or_path": str(tmp_path / "my-model")}}, k=4)
+    assert verifier_of(local, "ignored", tmp_path) == (str((tmp_path / "my-model").resolve()), "LlamaForCausalLM")
