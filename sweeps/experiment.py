@@ -21,8 +21,9 @@ from speclab.speculator.base import Speculator, TargetInfo, build_config, build_
 from speclab.speculator.lookup import TrainingFree
 from speclab.speculator.target import FrozenTarget
 from speclab.speculator.targets import cache_root
-from speclab.training.data import DataConfig, build_dataset
-from speclab.training.features import FeatureDataset, assistant_token_counts, build_feature_store
+from speclab.training.data import DataBundle, DataConfig, build_dataset
+from speclab.training.features import FeatureDataset, assistant_token_counts, build_feature_store, cache_report
+from speclab.training.stages import stage_configs, stage_data
 from speclab.training.checkpoint import final_weights
 from speclab.training.supervisor import CHECKPOINTS, SupervisorConfig, supervise
 from speclab.training.train import fit
@@ -37,7 +38,7 @@ SPECULATOR_DIR = Path("checkpoints") / "speculator"
 @dataclass
 class Prepared:
     target: FrozenTarget
-    dataset: FeatureDataset
+    dataset: list[FeatureDataset]  # one per training stage
     token_counts: torch.Tensor  # [V] assistant-token counts, for reduced draft vocabularies
     heldout: list[dict]
     data_stats: dict
@@ -50,21 +51,37 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def build_data(cfg: DictConfig, target: FrozenTarget, data_cfg: dict | None = None) -> DataBundle:
+    """The run's data (or one stage's: `data_cfg`). Prompts mined from Python source are kept
+    apart from every HumanEval prompt and entry point, whatever the eval set is this time."""
+    data_cfg = DataConfig(**(data_cfg or OmegaConf.to_container(cfg.data, resolve=True)))
+    exclude = [p["prompt"] for p in humaneval_prompts()] if data_cfg.source == "code_prompts" else []
+    return build_dataset(target, data_cfg, exclude=exclude)
+
+
 def prepare(cfg: DictConfig) -> Prepared:
-    """Target, training data and target features: everything a sweep's runs share."""
+    """Target, training data and target features per training stage: everything a sweep's runs share."""
     target: FrozenTarget = instantiate(cfg.target)
-    data = build_dataset(target, DataConfig(**OmegaConf.to_container(cfg.data, resolve=True)))
+    base = OmegaConf.to_container(cfg.data, resolve=True)
+    stages = [build_data(cfg, target, stage_data(base, s)) for s in stage_configs(cfg.training)]
+    heldout = stages[-1].heldout  # the last stage's data is what the run is for
+    stats = {**stages[-1].stats, "built_now": stages[-1].built_now}
+    if len(stages) > 1:
+        stats["stages"] = [s.stats for s in stages]
     if cfg.training.features == "offline":
         # The intermediate target layers the speculator reads (eagle3) are cached beside the hidden states.
         layer_ids = speculator_class(cfg.speculator.family).layer_ids_for(
             build_config(cfg.speculator.family, _params(cfg.speculator)), target.num_layers)
-        store = build_feature_store(target, data.train, data.fingerprint, cache_root() / "features",
-                                    dtype=cfg.training.feature_dtype, batch_size=cfg.training.feature_batch_size,
-                                    layer_ids=layer_ids)
-        counts = assistant_token_counts(store, target.vocab_size)
-        return Prepared(target, FeatureDataset(store=store, layer_ids=layer_ids), counts, data.heldout, data.stats, store.bytes_per_token)
-    counts = assistant_token_counts(data.train, target.vocab_size)
-    return Prepared(target, FeatureDataset(examples=data.train), counts, data.heldout, data.stats, None)
+        stores = [build_feature_store(target, d.train, d.fingerprint, cache_root() / "features",
+                                      dtype=cfg.training.feature_dtype, batch_size=cfg.training.feature_batch_size,
+                                      layer_ids=layer_ids) for d in stages]
+        stats["feature_cache"] = [cache_report(s) for s in stores]
+        log.info("feature caches (tokens, bytes, seconds, tok/s): %s", stats["feature_cache"])
+        counts = sum(assistant_token_counts(s, target.vocab_size) for s in stores)
+        return Prepared(target, [FeatureDataset(store=s, layer_ids=layer_ids) for s in stores], counts, heldout,
+                        stats, stores[-1].bytes_per_token)
+    counts = sum(assistant_token_counts(d.train, target.vocab_size) for d in stages)
+    return Prepared(target, [FeatureDataset(examples=d.train) for d in stages], counts, heldout, stats, None)
 
 
 def new_speculator(cfg: DictConfig, target: FrozenTarget, token_counts: torch.Tensor | None) -> Speculator:
@@ -181,7 +198,7 @@ def untrained(cfg: DictConfig, run_dir: Path, result: dict) -> tuple[FrozenTarge
     from the sweep's cache) because its held-out prompts are part of the eval set, the same
     prompts the learned runs are scored on."""
     target: FrozenTarget = instantiate(cfg.target)
-    data = build_dataset(target, DataConfig(**OmegaConf.to_container(cfg.data, resolve=True)))
+    data = build_data(cfg, target)
     speculator = new_speculator(cfg, target, None)
     result["speculator"] = {"family": speculator.family, "params": speculator.num_params()}
     result["data"] = {**data.stats, "feature_bytes_per_token": None}

@@ -33,6 +33,7 @@ from speclab.speculator.digest import weights_sha256
 
 from .checkpoint import CheckpointConfig, CheckpointStore
 from .features import FeatureDataset, assistant_token_counts, build_feature_store
+from .stages import stage_configs, stage_data
 from .supervisor import CHECKPOINTS, Outcome, SupervisorConfig, supervise
 from .train import fit
 
@@ -66,13 +67,16 @@ def tiny_attempt(config: dict, run_dir: str, cache_dir: str) -> dict:
     torch.set_num_threads(cfg.threads or 1)
     torch.manual_seed(cfg.seed)
     target = tiny_llama(**{k: v for k, v in cfg.target.items() if k != "_target_"})
-    examples = synthetic_examples(cfg.data.num_prompts, cfg.data.seed, target.vocab_size)
-    store = build_feature_store(target, examples, f"synthetic-{cfg.data.num_prompts}-{cfg.data.seed}",
-                                Path(cache_dir), progress=False)
+    stores = []
+    for stage in stage_configs(cfg.training):  # one synthetic data set per training stage
+        data = stage_data(OmegaConf.to_container(cfg.data), stage)
+        examples = synthetic_examples(data["num_prompts"], data["seed"], target.vocab_size)
+        stores.append(build_feature_store(target, examples, f"synthetic-{data['num_prompts']}-{data['seed']}",
+                                          Path(cache_dir), progress=False))
     params = {k: v for k, v in OmegaConf.to_container(cfg.speculator).items() if k != "family"}
-    info = TargetInfo.of(target).with_counts(assistant_token_counts(store, target.vocab_size))
+    info = TargetInfo.of(target).with_counts(assistant_token_counts(stores[-1], target.vocab_size))
     speculator = build_speculator(cfg.speculator.family, params, info)
-    return fit(speculator, target, FeatureDataset(store=store), cfg.training, Path(run_dir), cfg.seed,
+    return fit(speculator, target, [FeatureDataset(store=s) for s in stores], cfg.training, Path(run_dir), cfg.seed,
                faults=cfg.faults, config=config, progress=False)
 
 

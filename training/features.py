@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -51,9 +52,17 @@ class FeatureStore:
 
     @property
     def bytes_per_token(self) -> float:
-        """Bytes read per training token: the base arrays plus the layers this store opened."""
-        names = [*_BASE_FILES, *(_layer_file(i) for i in self.layers)]
-        return sum((self.path / n).stat().st_size for n in names) / max(int(self.offsets[-1]), 1)
+        """Bytes read per training token: the base arrays plus the layers this store opened
+        (per row, so a store cut to a budget's prefix reports the same)."""
+        rows = [self.input_ids, self.loss_mask, self.hidden, *self.layers.values()]
+        return float(sum(a.itemsize * int(np.prod(a.shape[1:])) for a in rows))
+
+    def head(self, n: int) -> "FeatureStore":
+        """The first n examples (views, nothing copied): a smaller budget's share of a store
+        that a bigger budget extended."""
+        end = int(self.offsets[n])
+        return FeatureStore(self.path, self.offsets[: n + 1], self.input_ids[:end], self.loss_mask[:end],
+                            self.hidden[:end], self.dtype, {i: a[:end] for i, a in self.layers.items()})
 
     def example(self, i: int, layer_ids: Sequence[int] = ()) -> dict[str, torch.Tensor]:
         lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
@@ -100,12 +109,28 @@ def build_feature_store(target: FrozenTarget, examples, data_fingerprint: str, c
                 shutil.rmtree(out, ignore_errors=True)  # absent or damaged: rebuilt, never trusted
                 _write_feature_store(target, examples, out, dtype, batch_size, progress)
                 store = open_feature_store(out)
+    if not _holds(store, examples):  # a bigger data budget: append the new examples' rows
+        with build_lock(out):
+            store = open_feature_store(out)
+            if not _holds(store, examples):
+                _extend_feature_store(target, store, examples, batch_size, progress)
+                store = open_feature_store(out)
     if any(not _layer_ok(store, i) for i in layer_ids):
         with build_lock(out):
             missing = sorted({i for i in layer_ids if not _layer_ok(store, i)})  # another run may have added them
             if missing:
                 _write_layers(target, store, missing, batch_size, progress)
-    return open_feature_store(out, layer_ids)
+    store = open_feature_store(out, layer_ids)
+    return store.head(len(examples)) if len(examples) < len(store) else store
+
+
+def _holds(store: FeatureStore, examples) -> bool:
+    """The store has at least as many examples as `examples`. The data under one fingerprint
+    only ever grows by appending (training/data_rounds.py), so its examples are a prefix of the
+    store or the store is a prefix of them; the first example's tokens confirm it."""
+    if len(examples) and list(examples[0]["input_ids"]) != store.input_ids[: store.offsets[1]].tolist():
+        raise ValueError(f"feature cache {store.path} does not hold this data's examples")
+    return len(store) >= len(examples)
 
 
 def _complete_store(out: Path) -> FeatureStore | None:
@@ -180,6 +205,7 @@ def _write_feature_store(target, examples, out: Path, dtype: str, batch_size: in
 
 
 def _fill_feature_store(target, ids, masks, offsets, tmp: Path, dtype: str, batch_size: int, progress: bool) -> None:
+    t0 = time.perf_counter()
     np.save(tmp / "offsets.npy", offsets)
     np.save(tmp / "input_ids.npy", np.concatenate([np.asarray(x, dtype=np.int32) for x in ids]))
     np.save(tmp / "loss_mask.npy", np.concatenate([np.asarray(m, dtype=np.uint8) for m in masks]))
@@ -188,7 +214,61 @@ def _fill_feature_store(target, ids, masks, offsets, tmp: Path, dtype: str, batc
         _store_rows(hidden, int(offsets[i]), batch_out.hidden[row, :n], dtype)
     hidden.flush()
     del hidden
-    (tmp / COMPLETE_MARKER).write_text(json.dumps({"dtype": dtype, "tokens": int(offsets[-1])}))
+    (tmp / COMPLETE_MARKER).write_text(json.dumps({"dtype": dtype, "tokens": int(offsets[-1]),
+                                                   "seconds": time.perf_counter() - t0}))
+
+
+def _extend_feature_store(target: FrozenTarget, store: FeatureStore, examples, batch_size: int,
+                          progress: bool) -> None:
+    """A new store of every example: the old rows copied, the target run only over the new
+    examples (for the hidden state and every layer file the old store has), then swapped in
+    for the old one (renamed aside first: a reader never sees a mixture)."""
+    old_n, old_tokens = len(store), int(store.offsets[-1])
+    new = [list(examples[i]["input_ids"]) for i in range(old_n, len(examples))]
+    masks = [list(examples[i]["loss_mask"]) for i in range(old_n, len(examples))]
+    lengths = np.cumsum([len(x) for x in new], dtype=np.int64)
+    offsets = np.concatenate([store.offsets, old_tokens + lengths]).astype(np.int64)
+    layer_ids = sorted(int(p.stem.split("_")[1]) for p in store.path.glob("layer_*.npy")
+                       if _layer_ok(store, int(p.stem.split("_")[1])))
+    meta = json.loads((store.path / COMPLETE_MARKER).read_text())
+    tmp = work_dir_for(store.path)
+    try:
+        t0 = time.perf_counter()
+        np.save(tmp / "offsets.npy", offsets)
+        np.save(tmp / "input_ids.npy", np.concatenate([store.input_ids, *(np.asarray(x, np.int32) for x in new)]))
+        np.save(tmp / "loss_mask.npy", np.concatenate([store.loss_mask, *(np.asarray(m, np.uint8) for m in masks)]))
+        arrays = {"hidden": (_new_memmap(tmp / "hidden.npy", target, int(offsets[-1]), store.dtype), store.hidden)}
+        for j in layer_ids:
+            arrays[j] = (_new_memmap(tmp / _layer_file(j), target, int(offsets[-1]), store.dtype),
+                         np.load(store.path / _layer_file(j), mmap_mode="r"))
+        for array, old in arrays.values():
+            array[:old_tokens] = old
+        for i, out, row, n in _target_passes(target, new, batch_size, progress, layer_ids):
+            lo = int(offsets[old_n + i])
+            _store_rows(arrays["hidden"][0], lo, out.hidden[row, :n], store.dtype)
+            for j in layer_ids:
+                _store_rows(arrays[j][0], lo, out.layers[j][row, :n], store.dtype)
+        for array, _ in arrays.values():
+            array.flush()
+        del arrays
+        seconds = meta.get("seconds", 0.0) + time.perf_counter() - t0
+        (tmp / COMPLETE_MARKER).write_text(json.dumps({**meta, "tokens": int(offsets[-1]), "seconds": seconds}))
+        aside = store.path.with_name(f".{store.path.name}.old-{os.getpid()}")
+        os.replace(store.path, aside)
+        publish_dir(tmp, store.path)
+        shutil.rmtree(aside, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone already unless the build failed
+
+
+def cache_report(store: FeatureStore) -> dict:
+    """The whole feature cache behind `store`: tokens, bytes on disk, seconds the target spent
+    building it (all extensions together) and tokens per second."""
+    meta = json.loads((store.path / COMPLETE_MARKER).read_text())
+    size = sum(p.stat().st_size for p in store.path.iterdir() if p.is_file())
+    seconds = meta.get("seconds")
+    return {"tokens": meta["tokens"], "bytes": size, "seconds": None if seconds is None else round(seconds, 3),
+            "tok_s": round(meta["tokens"] / seconds, 2) if seconds else None}
 
 
 def _write_layers(target: FrozenTarget, store: FeatureStore, layer_ids: list[int], batch_size: int,

@@ -29,46 +29,49 @@ from .losses import objective
 from .module import SpeculatorModule
 from .progress import LoopState, Progress
 from .sampler import positioned_loader
+from .stages import enter_stage, stage_ends, stage_of
 from .supervisor import CHECKPOINTS, Heartbeat
 from .watchdog import WATCHDOG_FILE, Ledger, Watchdog, WatchdogConfig, WatchdogTripped
 
 
-def total_steps(cfg, num_samples: int) -> int:
-    """The run's optimiser-step budget: max_steps, else epochs of ceil(batches / accumulation)."""
-    if cfg.max_steps > 0:
-        return cfg.max_steps
-    batches = -(-num_samples // cfg.batch_size)
-    return cfg.epochs * -(-batches // cfg.accumulate_grad_batches)
-
-
-def fit(speculator: Speculator, target: FrozenTarget, dataset: FeatureDataset, cfg, run_dir: Path,
-        seed: int, faults=None, config: dict | None = None, progress: bool = True) -> dict:
-    """Returns the `train` block of result.json (the supervisor adds `restarts`)."""
+def fit(speculator: Speculator, target: FrozenTarget, dataset: FeatureDataset | list[FeatureDataset], cfg,
+        run_dir: Path, seed: int, faults=None, config: dict | None = None, progress: bool = True) -> dict:
+    """Returns the `train` block of result.json (the supervisor adds `restarts`). A list of
+    data sets is trained in stages, one per `cfg.stages` entry (stages.py)."""
     run_dir, start = Path(run_dir), time.time()
+    datasets = list(dataset) if isinstance(dataset, (list, tuple)) else [dataset]
+    sizes = [len(d) for d in datasets]
+    ends = stage_ends(cfg, sizes)
     store = CheckpointStore(run_dir / CHECKPOINTS, CheckpointConfig.from_training(cfg))
     store.clean_partial()
     watchdog = Watchdog(WatchdogConfig(**_plain(cfg.watchdog)), run_dir / WATCHDOG_FILE)
     injector = FaultInjector(FaultConfig(**_plain(faults or {})), run_dir, store.root, cfg.accumulate_grad_batches)
-    total = total_steps(cfg, len(dataset))
+    total = ends[-1]
     module = SpeculatorModule(speculator, target, objective(cfg.objective, cfg.fused_loss), instantiate(cfg.optimizer),
                               cfg.warmup_steps, total, online=cfg.features == "online")
     heartbeat = Heartbeat(run_dir)
     while True:
         resume = store.load_latest()
-        state = restore(resume, module, watchdog, len(dataset), run_dir)
+        # At a stage's last checkpoint the next stage starts: the same path whether the run
+        # goes on in this process or resumes there after a crash.
+        state = enter_stage(restore(resume, module, watchdog, sizes[0], run_dir), ends, sizes)
+        stage = stage_of(state)
         injector.begin_segment(state)
-        loop = Progress(state, store, watchdog, cfg.checkpoint_every_n_steps, total, heartbeat, resume, config)
+        loop = Progress(state, store, watchdog, cfg.checkpoint_every_n_steps, ends[stage], heartbeat, resume, config)
         try:
-            if state.step < total:
-                trainer = build_trainer(cfg, total - state.step, [injector, loop, watchdog], target, run_dir, config, progress)
-                trainer.fit(module, positioned_loader(dataset, cfg.batch_size, seed, state.position, collate))
-            break
+            if state.step < ends[stage]:
+                trainer = build_trainer(cfg, ends[stage] - state.step, [injector, loop, watchdog], target, run_dir,
+                                        config, progress)
+                trainer.fit(module, positioned_loader(datasets[stage], cfg.batch_size, seed, state.position, collate))
+            if stage == len(ends) - 1:
+                break
         except WatchdogTripped as exc:
             roll_back(exc.trip, store, watchdog, loop.started_position)
     return {"steps": state.step, "tokens": state.tokens, "wall_s": time.time() - start,
             "final_loss": state.losses[-1] if state.losses else None, "loss_history": state.losses,
             "rollbacks": len(watchdog.ledger.rollbacks), "rollback_log": watchdog.ledger.rollbacks,
             "lr_scale": watchdog.ledger.lr_scale, "faults": fired(run_dir),
+            "stages": [{"end_step": end, "examples": n} for end, n in zip(ends, sizes)],
             "samples": {"consumed_min": int(state.consumed.min()), "consumed_max": int(state.consumed.max()),
                         "order_sha256": state.order_digest}}
 
