@@ -12,6 +12,7 @@ speclab measured (docs/serving.md is the table):
   and draft vocabulary folded into the weights so vLLM's maths computes speclab's (export_mlp.py).
 - `draft_lm` -> a plain `LlamaForCausalLM` over the full vocabulary (transformers' assisted
   generation, vLLM's draft-model method).
+- `medusa` -> vLLM's `MedusaModel` (`blocks.i.layers.j`, `lm_heads.i`, `token_map`).
 - every other family -> speclab's own self-describing layout (config.json + model.safetensors,
   exactly what `load_speculator` reads).
 
@@ -69,7 +70,8 @@ class ExportContext:
 
 
 def layout_of(family: str) -> str:
-    return {"eagle3": "speculators_eagle3", "mlp": "mlp_speculator", "draft_lm": "hf_llama"}.get(family, "speclab")
+    return {"eagle3": "speculators_eagle3", "mlp": "mlp_speculator", "draft_lm": "hf_llama",
+            "medusa": "vllm_medusa"}.get(family, "speclab")
 
 
 def refusals(speculator: Speculator, layout: str) -> list[str]:
@@ -84,6 +86,9 @@ def refusals(speculator: Speculator, layout: str) -> list[str]:
             out.append(f"target layer {L} was read after the final norm (HF hidden_states[{L}]), but vLLM hands "
                        f"the draft the pre-norm residual stream; train on layers 0..{L - 1}")
         return out
+    if layout == "vllm_medusa" and speculator.config.hidden_size not in (0, speculator.target_info.hidden_size):
+        return [f"vLLM's Medusa heads are as wide as the target ({speculator.target_info.hidden_size}) with no input "
+                f"projection; this one is {speculator.config.hidden_size} wide"]
     if layout == "hf_llama" and not speculator.vocab.full:
         return [f"a LlamaForCausalLM assistant scores all {speculator.vocab.target_vocab} target tokens, and its "
                 f"{speculator.vocab.size}-token head cannot be widened exactly (a bias-free lm_head after RMSNorm "
@@ -215,8 +220,37 @@ def speculators_eagle3(speculator: Speculator, ctx: ExportContext, out: Path) ->
     return tensors, config, {"weight_map": weight_map}
 
 
+def vllm_medusa(speculator: Speculator, ctx: ExportContext, out: Path) -> tuple[dict, dict, dict]:
+    """vLLM's Medusa: heads.i.(j+1).linear (after the identity projection) -> blocks.i.layers.j,
+    out.linears.i -> lm_heads.i; a reduced vocabulary is vLLM's token_map (-inf elsewhere: exact)."""
+    c, target = speculator.config, speculator.target_info
+
+    def rename(name: str) -> str:
+        if name.startswith("out.linears."):
+            return name.replace("out.linears.", "lm_heads.", 1)
+        _, head, block, _, param = name.split(".")  # heads.i.(j+1).linear.{weight,bias}
+        return f"blocks.{head}.layers.{int(block) - 1}.{param}"
+
+    tensors, weight_map = renamed_tensors(speculator, rename)
+    if not speculator.vocab.full:
+        tensors["token_map"] = speculator.vocab.ids.cpu().contiguous()  # [N] target ids, vLLM's name
+    config = {
+        "architectures": ["MedusaModel"],
+        "model_type": "medusa",
+        "hidden_size": target.hidden_size,
+        "vocab_size": target.vocab_size,
+        "num_heads": c.num_heads,
+        "num_hidden_layers": c.num_blocks,
+        "truncated_vocab_size": speculator.vocab.size,
+        "medusa_fc_bias": True,  # speclab's residual blocks have a bias
+        "original_lm_head": c.output == "shared",  # one output layer for every head
+        "torch_dtype": _dtype_name(speculator),
+    }
+    return tensors, config, {"weight_map": weight_map}
+
+
 FOREIGN: dict[str, Callable] = {"mlp_speculator": mlp_speculator, "speculators_eagle3": speculators_eagle3,
-                                "hf_llama": hf_llama}
+                                "hf_llama": hf_llama, "vllm_medusa": vllm_medusa}
 
 
 def verifier_of(ctx: ExportContext, target_name: str, out: Path) -> tuple[str | None, str | None]:

@@ -5,6 +5,7 @@ serving_figures.py (the figures in docs/serving.md).
 - eagle3: vLLM's own `speculators` library, `SpeculatorModel.from_pretrained(export)`, its
   training forward unrolled over 3 TTT steps (the draft logits are caught at its lm_head);
 - mlp: vLLM's `MLPSpeculator` rebuilt as an oracle (vllm_mlp_oracle.py), over the full vocabulary;
+- medusa: vLLM's `Medusa` rebuilt as an oracle (vllm_medusa_oracle.py);
 - draft_lm: transformers' `AutoModelForCausalLM.from_pretrained(export)`.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from vllm_medusa_oracle import VLLMMedusa
 from vllm_mlp_oracle import VLLMMLPSpeculator
 
 from speclab.speculator.base import Features
@@ -88,6 +90,16 @@ def _mlp_logits(speculator, out: Path, target) -> tuple[torch.Tensor, torch.Tens
 
 
 @torch.no_grad()
+def medusa_vs_vllm_oracle(speculator, out: Path, target) -> tuple[float, float]:
+    """At the drafted tokens' logits; the argmax over all V (vLLM gives the others -inf)."""
+    feats = target_features(target, speculator)
+    got = VLLMMedusa.from_export(out).logits(feats.hidden[0])  # [T, K, V]
+    want = speculator.draft_logits(feats)[0].transpose(0, 1)  # [T, K, N]
+    ids = speculator.vocab.ids
+    return (got[..., ids] - want).abs().max().item(), (got.argmax(-1) == ids[want.argmax(-1)]).float().mean().item()
+
+
+@torch.no_grad()
 def draft_lm_vs_transformers(speculator, out: Path, target) -> tuple[float, float]:
     from transformers import AutoModelForCausalLM
 
@@ -96,7 +108,9 @@ def draft_lm_vs_transformers(speculator, out: Path, target) -> tuple[float, floa
     return _figures(model(feats.input_ids).logits[0], speculator.draft_logits(feats)[0, 0])
 
 
-COMPARE = {"eagle3": eagle3_vs_speculators, "mlp": mlp_vs_vllm_oracle, "draft_lm": draft_lm_vs_transformers}
+COMPARE = {"eagle3": eagle3_vs_speculators, "mlp": mlp_vs_vllm_oracle, "medusa": medusa_vs_vllm_oracle,
+           "draft_lm": draft_lm_vs_transformers}
 CLIENT = {"eagle3": "speculators 0.9.0 `SpeculatorModel.from_pretrained`",
           "mlp": "vLLM `MLPSpeculator` oracle (rebuilt from vLLM's source)",
+          "medusa": "vLLM `Medusa` oracle (rebuilt from vLLM's source)",
           "draft_lm": "transformers `AutoModelForCausalLM.from_pretrained`"}

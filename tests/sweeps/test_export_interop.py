@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from interop import T, draft_lm_vs_transformers, eagle3_vs_speculators, load_in_speculators, \
-    masked_logits_ceiling, mlp_vs_vllm_oracle
+    masked_logits_ceiling, medusa_vs_vllm_oracle, mlp_vs_vllm_oracle
 from test_export_layouts import SPECS, exported, tensor_names
 from transformers import AutoModelForCausalLM
 
@@ -87,6 +87,15 @@ def test_mlp_without_the_conversion_would_not_match(tmp_path, target):
     (out / "config.json").write_text(json.dumps(dict(config, inner_dim=speculator.config.inner_dim)))
     diff, _ = mlp_vs_vllm_oracle(speculator, out, target)
     assert diff > 1e-2
+
+
+@pytest.mark.parametrize("output", ["per_head", "shared"])
+@pytest.mark.parametrize("draft_vocab_size", [0, 100])
+def test_medusa_runs_in_vllms_maths_as_in_speclabs(tmp_path, target, output, draft_vocab_size):
+    spec = dict(SPECS["medusa"], output=output, draft_vocab_size=draft_vocab_size)
+    speculator, out = exported(tmp_path, target, "medusa", spec=spec)
+    diff, agree = medusa_vs_vllm_oracle(speculator, out, target)
+    assert diff < ATOL and agree == 1.0
 
 
 def test_draft_lm_loads_as_a_causal_lm_with_speclabs_logits(tmp_path, target):

@@ -155,7 +155,23 @@ def test_a_draft_lm_with_a_reduced_vocabulary_falls_back_with_the_reason(tmp_pat
     assert manifest["layout"] == "speclab" and "draft_vocab_size=0" in manifest["not_servable"][0]
 
 
-@pytest.mark.parametrize("family", ["medusa", "eagle"])
+def test_medusa_is_written_in_vllms_medusa_layout(tmp_path, target):
+    speculator, out = exported(tmp_path, target, "medusa")
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "medusa" and config["architectures"] == ["MedusaModel"]
+    assert (config["num_heads"], config["num_hidden_layers"], config["truncated_vocab_size"]) == (2, 1, 100)
+    tensors = tensor_names(out)
+    assert {"blocks.0.layers.0.weight", "blocks.1.layers.0.bias", "lm_heads.1.weight", "token_map"} <= set(tensors)
+    assert torch.equal(tensors["token_map"], speculator.vocab.ids)
+    assert same_state(load_checkpoint(out), speculator)
+
+
+def test_a_medusa_narrower_than_its_target_falls_back_with_the_reason(tmp_path, target):
+    _, out = exported(tmp_path, target, "medusa", spec=dict(SPECS["medusa"], hidden_size=32, output_init="random"))
+    assert "no input projection" in json.loads((out / "export.json").read_text())["not_servable"][0]
+
+
+@pytest.mark.parametrize("family", ["eagle"])
 def test_other_families_keep_speclabs_self_describing_layout(tmp_path, target, family):
     speculator, out = exported(tmp_path, target, family)
     meta = json.loads((out / "config.json").read_text())
@@ -165,7 +181,7 @@ def test_other_families_keep_speclabs_self_describing_layout(tmp_path, target, f
     assert same_state(load_checkpoint(out, TargetInfo.of(target)), speculator)
 
 
-@pytest.mark.parametrize("family", ["eagle3", "mlp", "draft_lm"])
+@pytest.mark.parametrize("family", ["eagle3", "mlp", "medusa", "draft_lm"])
 def test_every_layout_reloads_with_speclab_eval_losslessly(tmp_path, target, family):
     _, out = exported(tmp_path, target, family)
     report = tmp_path / "eval.json"
