@@ -19,9 +19,11 @@ NOTE_CHARS = 60  # a note is one short line; the whole error is listed under the
 
 
 def format_params(n: Any) -> str:
-    """1234567 -> '1.23M', 35000 -> '35K', 350000 -> '350K'."""
-    if not _is_number(n) or n <= 0:
+    """1234567 -> '1.23M', 35000 -> '35K', 350000 -> '350K', 0 -> '0' (a training-free drafter)."""
+    if not _is_number(n) or n < 0:
         return MISSING
+    if n == 0:
+        return "0"
     for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
         if n >= scale:
             return f"{n / scale:.3g}{suffix}" if n / scale < 100 else f"{n / scale:.0f}{suffix}"

@@ -14,6 +14,7 @@ import pytest
 from speclab.sweeps.cli import main
 from speclab.sweeps.index import load_rows
 from speclab.sweeps.sweep import available_sweeps
+from speclab.sweeps.table import BASELINE_FAMILIES
 
 TINY = ["target=tiny", "training=smoke", "eval=smoke", "data.num_prompts=12", "data.max_response_tokens=24",
         "data.max_prompt_tokens=96", "data.prompt_sampling_budget=8", "data.heldout_size=2", "data.gen_batch_size=6",
@@ -76,8 +77,26 @@ def test_arch_covers_every_family_and_shared_candidates_train_once(all_sweeps):
     assert {r["speculator"]["family"] for r in results_of(runs / "sweep-arch")} == set(REGISTRY)
     # arch ran before arch_x_size (alphabetical): every `<family>_small` candidate is arch's run
     skipped = list((runs / "sweep-arch_x_size").glob("*/resumed.json"))
-    assert len(skipped) == len(REGISTRY)
+    assert len(skipped) == len(REGISTRY) - len(BASELINE_FAMILIES)  # the baselines have no candidates
     assert {r["speculator"]["family"] for r in results_of(runs / "sweep-arch_x_size")} == set(REGISTRY)
+
+
+def test_every_sweep_scored_the_baselines_on_its_own_prompts(all_sweeps):
+    _, runs, _ = all_sweeps
+    for name in available_sweeps():
+        sweep_dir = runs / f"sweep-{name}"
+        baselines = {r["speculator"]["family"]: r for r in results_of(sweep_dir) if r["run_id"].split("/")[-1].startswith("baseline-")}
+        assert set(baselines) == set(BASELINE_FAMILIES), name
+        learned = [r for r in results_of(sweep_dir) if r["speculator"]["family"] not in BASELINE_FAMILIES]
+        for baseline in baselines.values():
+            assert baseline["status"] == "completed" and baseline["speculator"]["params"] == 0
+            assert baseline["train"]["steps"] == 0 and baseline["lossless"]["mismatches"] == 0
+            for run in learned:  # the same eval settings and data, hence the same prompts
+                assert baseline["config"]["eval"] == run["config"]["eval"], name
+                assert baseline["config"]["data"] == run["config"]["data"], name
+    # the arch sweep's own ngram and suffix jobs found the baselines done and were skipped
+    arch_skipped = [json.loads(p.read_text())["completed_run"] for p in (runs / "sweep-arch").glob("*/resumed.json")]
+    assert sorted(Path(p).name for p in arch_skipped) == [f"baseline-{f}" for f in sorted(BASELINE_FAMILIES)]
 
 
 def test_halving_records_and_prints_its_promotions(all_sweeps, capsys):
@@ -123,6 +142,6 @@ def test_rerun_skips_completed_runs_and_reruns_failed_or_missing(all_sweeps, cap
     (failed / "result.json").write_text(json.dumps({**record, "status": "failed", "error": "RuntimeError: simulated"}))
     (missing / "result.json").unlink()
     assert sweep("quick", runs) == 0
-    rerun = [json.loads(p.read_text()) for p in quick.glob("*/result.json")]
+    rerun = [json.loads(p.read_text()) for p in quick.glob("*/result.json") if not p.parent.name.startswith("baseline-")]
     assert sorted(r["status"] for r in rerun) == ["completed", "completed"]
     assert json.loads((failed / "result.json").read_text())["status"] == "failed"  # records are never rewritten
