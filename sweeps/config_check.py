@@ -70,6 +70,7 @@ RULES = [
     _positive("training.optimizer.lr", float),
     _positive("training.watchdog.window"),
     _positive("training.watchdog.min_window"),
+    _positive("training.watchdog.ratio_after"),
     _positive("training.watchdog.sigma", float),
     Rule("training.watchdog.ratio", float, 1, exclusive_low=True),
     _positive("training.watchdog.patience"),

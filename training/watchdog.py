@@ -3,10 +3,15 @@
 Rules (`SpikeDetector`, pure, tested on synthetic series):
 - a non-finite loss or gradient norm trips at once (onset = that step);
 - a step is *spiky* when its loss exceeds mean + sigma * std of the trailing window of
-  non-spiky losses, or ratio * their mean; `patience` consecutive spiky steps trip
-  (onset = the first of them). Spiky losses never enter the window, so a spike cannot
-  raise the bar it is measured against. The rule is armed once the window holds
-  `min_window` losses.
+  non-spiky losses, or ratio * their mean, once the window holds `min_window` losses;
+  before that, from `ratio_after` losses on (the first steps), when it exceeds ratio * their
+  median. `patience` consecutive spiky steps trip (onset = the first of them).
+  Spiky losses never enter the window while their streak lasts, so a spike cannot raise
+  the bar it is measured against; a streak that ends short of `patience` was noise, and
+  its losses then join the window (left out, they would bias a noisy window low). The
+  median is what lets a rule arm that early: one odd loss among the first few cannot
+  move it, where it would drag a mean of three. (With no early rule, a spike that began
+  before `min_window` filled the window and hid itself.)
 
 A trip rolls the run back to the newest complete checkpoint from before the onset,
 skips the data consumed between that checkpoint and the trip, and, on a second trip
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -50,7 +56,9 @@ class WatchdogConfig:
     window: int = 50
     """Trailing non-spiky losses the mean and std are taken over."""
     min_window: int = 10
-    """Losses needed in the window before the spike rule is armed (non-finite trips always)."""
+    """Losses needed in the window before the sigma rule is armed (non-finite trips always)."""
+    ratio_after: int = 3
+    """Losses needed in the window before the ratio rule (ratio * median) is armed."""
     sigma: float = 6.0
     """A loss above mean + sigma * std of the window is spiky."""
     ratio: float = 2.0
@@ -88,32 +96,47 @@ class SpikeDetector:
         self.window: deque[float] = deque(maxlen=cfg.window)
         self.streak_onset: int | None = None
         self.streak = 0
+        self.pending: list[float] = []  # the current streak's losses, kept out of the window while it lasts
 
     def update(self, step: int, loss: float, grad_norm: float | None = None) -> Trip | None:
         if not math.isfinite(loss) or (grad_norm is not None and not math.isfinite(grad_norm)):
             what = "loss" if not math.isfinite(loss) else "gradient norm"
             return Trip(step, step, f"non-finite {what} at step {step}")
-        if len(self.window) >= self.cfg.min_window:
-            mean = sum(self.window) / len(self.window)
-            std = math.sqrt(sum((x - mean) ** 2 for x in self.window) / len(self.window))
-            bar = min(mean + self.cfg.sigma * std, self.cfg.ratio * mean)
-            if loss > bar:
-                self.streak += 1
-                self.streak_onset = step if self.streak == 1 else self.streak_onset
-                if self.streak >= self.cfg.patience:
-                    return Trip(step, self.streak_onset, f"loss spike: {self.streak} steps above {bar:.4g} "
-                                f"(window mean {mean:.4g}, std {std:.3g}) since step {self.streak_onset}")
-                return None
-        self.streak, self.streak_onset = 0, None
+        bar, why = self._bar()
+        if bar is not None and loss > bar:
+            self.streak += 1
+            self.streak_onset = step if self.streak == 1 else self.streak_onset
+            self.pending.append(loss)
+            if self.streak >= self.cfg.patience:
+                return Trip(step, self.streak_onset, f"loss spike: {self.streak} steps above {bar:.4g} "
+                            f"({why}) since step {self.streak_onset}")
+            return None
+        if self.streak < self.cfg.patience:  # a blip shorter than patience: noise after all
+            self.window.extend(self.pending)
+        self.streak, self.streak_onset, self.pending = 0, None, []
         self.window.append(loss)
         return None
 
+    def _bar(self) -> tuple[float | None, str]:
+        """The bar a loss must exceed to be spiky, and how it was set (None: not armed yet)."""
+        n = len(self.window)
+        if n < min(self.cfg.ratio_after, self.cfg.min_window):
+            return None, "unarmed"
+        if n < self.cfg.min_window:  # the first steps: too few losses for a std, a median resists one odd one
+            median = statistics.median(self.window)
+            return self.cfg.ratio * median, f"{self.cfg.ratio:g} x median {median:.4g} of the first {n} losses"
+        mean = sum(self.window) / n
+        std = math.sqrt(sum((x - mean) ** 2 for x in self.window) / n)
+        return min(mean + self.cfg.sigma * std, self.cfg.ratio * mean), f"window mean {mean:.4g}, std {std:.3g}"
+
     def state_dict(self) -> dict:
-        return {"window": list(self.window), "streak": self.streak, "streak_onset": self.streak_onset}
+        return {"window": list(self.window), "streak": self.streak, "streak_onset": self.streak_onset,
+                "pending": list(self.pending)}
 
     def load_state_dict(self, state: dict) -> None:
         self.window = deque(state["window"], maxlen=self.cfg.window)
         self.streak, self.streak_onset = state["streak"], state["streak_onset"]
+        self.pending = list(state.get("pending", []))  # absent from checkpoints of older runs
 
 
 @dataclass

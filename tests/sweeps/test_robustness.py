@@ -521,3 +521,56 @@ def test_bad_prompts_file_names_the_line(tmp_path):
     path.write_text("")
     with pytest.raises(ValueError, match="holds no prompts"):
         load_prompts(path)
+
+
+# --- 12. the watchdog guards from the first steps; every shipped fault default trips -------------
+
+# What each shipped fault is for: the supervisor restarts the process, or the watchdog rolls back.
+FAULT_TARGETS = {"exception": "restarts", "sigkill": "restarts", "hang": "restarts", "corrupt_checkpoint": "restarts",
+                 "nan_loss": "rollbacks", "spike": "rollbacks"}
+
+
+def _default_watchdog() -> list[str]:
+    """The tiny smoke budget, but the watchdog exactly as configs/training/default.yaml ships it."""
+    from hydra import compose, initialize_config_module
+
+    with initialize_config_module("speclab.configs", version_base=None):
+        shipped = compose("config").training.watchdog
+    return [f"training.watchdog.{key}={value}" for key, value in shipped.items()]
+
+
+def test_every_fault_config_has_a_declared_target():
+    assert set(FAULTS) - {"none"} == set(FAULT_TARGETS)
+
+
+@pytest.mark.parametrize("kind", sorted(FAULT_TARGETS))
+def test_every_fault_default_trips_what_it_targets(tmp_path, kind):
+    from speclab.training.fault_matrix import run_tiny, tiny_config
+
+    cfg = tiny_config(f"faults={kind}", "training.max_steps=16", *_default_watchdog())
+    out = run_tiny(cfg, tmp_path / kind, tmp_path / "cache")  # the fault fires at its shipped at_step
+    assert out.status == "completed", out.reason
+    assert len(out.train["faults"]) == 1 and out.train["faults"][0]["step"] == cfg["faults"]["at_step"]
+    assert out.train[FAULT_TARGETS[kind]] == 1, out.train  # before: spike at step 7 gave 0 rollbacks
+    if kind == "spike":
+        (rollback,) = out.train["rollback_log"]
+        assert cfg["faults"]["at_step"] <= rollback["onset"] < cfg["faults"]["at_step"] + cfg["faults"]["spike_steps"]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_no_false_trips_on_clean_tiny_runs(tmp_path, seed):
+    from speclab.training.fault_matrix import run_tiny, tiny_config
+
+    cfg = tiny_config("training.max_steps=40", f"seed={seed}", f"data.seed={seed}", *_default_watchdog())
+    out = run_tiny(cfg, tmp_path / "clean", tmp_path / "cache")
+    assert out.status == "completed" and out.train["rollbacks"] == 0
+
+
+def test_an_early_spike_cannot_poison_the_baseline():
+    from speclab.training.watchdog import SpikeDetector, WatchdogConfig
+
+    detector = SpikeDetector(WatchdogConfig())  # min_window 10: the mean/std rule is not armed yet
+    losses = [4.0, 3.9, 3.9, 3.8, 3.8, 3.7] + [38.0] * 5 + [3.6] * 5  # the issue's run: x10 at steps 7-11
+    got = [t for step, loss in enumerate(losses, 1) if (t := detector.update(step, loss))]
+    assert got and (got[0].step, got[0].onset) == (9, 7)
+    assert max(detector.window) < 5  # none of the spiky losses entered the baseline

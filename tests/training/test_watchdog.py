@@ -52,9 +52,13 @@ def test_the_ratio_rule_catches_a_doubling_inside_a_noisy_window():
     assert trips(series, ratio=3.0) == []
 
 
-def test_the_spike_rule_waits_for_min_window():
-    assert trips([1.0] * 4 + [9.0] * 5, min_window=10) == []
-    assert trips([1.0] * 10 + [9.0] * 3, min_window=10)[0].onset == 11
+def test_the_sigma_rule_waits_for_min_window_the_ratio_rule_only_for_ratio_after():
+    # 1.5x: under the 2x ratio rule, so only the sigma rule (armed at min_window) can see it
+    assert trips([1.0, 1.01] * 2 + [1.5] * 5, min_window=10) == []
+    assert trips([1.0, 1.01] * 5 + [1.5] * 3, min_window=10)[0].onset == 11
+    # 9x from step 5: before, the unarmed rule let it fill the window and it never tripped
+    assert trips([1.0] * 4 + [9.0] * 5, min_window=10)[0].onset == 5
+    assert trips([1.0] * 4 + [9.0] * 5, min_window=10, ratio_after=10) == []
 
 
 def test_state_dict_resumes_the_same_judgement():
