@@ -10,7 +10,7 @@ from speclab.speculator import families  # noqa: F401  (fills the registry)
 from speclab.speculator.base import REGISTRY, Features, TargetInfo, build_speculator, load_speculator, speculator_class
 from speclab.speculator.eagle3 import default_layer_ids
 
-from test_families import SMALL, TOL, random_layers, target_info
+from test_families import SMALL, TOL, TRAINING_FREE, random_layers, target_info
 
 ZOO = [f for f in ("medusa", "hydra", "eagle", "eagle3", "lstm") if f in SMALL]
 
@@ -177,7 +177,10 @@ def tiny():
 
 
 def real_target_config(family: str) -> dict:
-    """SMALL's second shape, made to fit a real target (eagle3: its default layers)."""
+    """SMALL's second shape, made to fit a real target (eagle3: its default layers); a
+    training-free family's defaults."""
+    if family in TRAINING_FREE:
+        return {}
     return dict(SMALL[family][1], **({"target_layers": []} if family == "eagle3" else {}))
 
 
