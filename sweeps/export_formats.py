@@ -86,6 +86,8 @@ def refusals(speculator: Speculator, layout: str) -> list[str]:
             out.append(f"target layer {L} was read after the final norm (HF hidden_states[{L}]), but vLLM hands "
                        f"the draft the pre-norm residual stream; train on layers 0..{L - 1}")
         return out
+    if layout == "mlp_speculator" and speculator.config.tie_weights and speculator.config.n_predict < 2:
+        return ["vLLM's MLPSpeculator refuses tied weights with a single stage (n_predict 1); train untied"]
     if layout == "vllm_medusa" and speculator.config.hidden_size not in (0, speculator.target_info.hidden_size):
         return [f"vLLM's Medusa heads are as wide as the target ({speculator.target_info.hidden_size}) with no input "
                 f"projection; this one is {speculator.config.hidden_size} wide"]

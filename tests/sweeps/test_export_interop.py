@@ -86,7 +86,7 @@ def test_mlp_without_the_conversion_would_not_match(tmp_path, target):
     config = json.loads((out / "config.json").read_text())
     (out / "config.json").write_text(json.dumps(dict(config, inner_dim=speculator.config.inner_dim)))
     diff, _ = mlp_vs_vllm_oracle(speculator, out, target)
-    assert diff > 1e-2
+    assert diff > 1e-2, diff
 
 
 @pytest.mark.parametrize("output", ["per_head", "shared"])
