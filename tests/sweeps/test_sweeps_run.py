@@ -23,7 +23,9 @@ SMALLEST = ["training.max_steps=2", "eval.max_new_tokens=6", "eval.humaneval_pro
 # Sweep-specific budgets: the fewest rungs / trials that still exercise the search. Halving's
 # first rung (2 steps) repeats arch_x_size's runs, so resume skips it; eta 4 promotes 3 of 12.
 EXTRA = {"halving": ["hydra.sweeper.min_budget=2", "hydra.sweeper.rungs=2", "hydra.sweeper.eta=4"],
-         "search": ["hydra.sweeper.n_trials=2", "hydra.sweeper.sampler.n_startup_trials=1"]}
+         "search": ["hydra.sweeper.n_trials=2", "hydra.sweeper.sampler.n_startup_trials=1"],
+         # one budget (a command-line value replaces the sweep's grid) x every recipe x every family
+         "data_scaling": ["data.max_tokens=200"]}
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +116,21 @@ def test_halving_records_and_prints_its_promotions(all_sweeps, capsys):
     assert sweep("halving", runs) == 0  # rerun: everything skipped, decisions shown again
     out = capsys.readouterr().out
     assert "successive halving by speedup" in out and "promoted" in out and "winner:" in out
+
+
+def test_data_scaling_trains_every_recipe_and_family_to_its_token_budget(all_sweeps):
+    _, runs, _ = all_sweeps
+    learned = [r for r in results_of(runs / "sweep-data_scaling") if r["train"]["steps"]]  # not the baselines
+    recipes = {(r["speculator"]["family"], r["config"]["data"]["source"], len(r["train"]["stages"])) for r in learned}
+    assert recipes == {(f, source, stages) for f in ("mlp", "hydra", "eagle3")
+                       for source, stages in (("code_prompts", 1), ("code_corpus", 1), ("code_prompts", 2))}
+    assert len(learned) == 9 and {r["status"] for r in learned} == {"completed"}
+    for r in learned:
+        assert r["data"]["max_tokens"] == 200 and r["data"]["assistant_tokens"] >= 200
+        assert r["data"]["cache"]["tok_s"] > 0 and all(c["tok_s"] for c in r["data"]["feature_cache"])
+        if len(r["train"]["stages"]) == 2:  # two_stage: the corpus first, then the self-distilled responses
+            assert [s["cache"]["loss_tokens"] == s["cache"]["tokens"] for s in r["data"]["stages"]] == [True, False]
+    assert len({json.dumps(r["config"]["eval"], sort_keys=True) for r in learned}) == 1  # one eval set for all
 
 
 def test_search_ran_its_optuna_trials(all_sweeps):
