@@ -31,71 +31,25 @@ import dataclasses
 import json
 import logging
 from pathlib import Path
-from typing import Callable
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from speclab.speculator.base import Speculator, TargetInfo, build_speculator, load_speculator, speculator_class
 
-from .export_mlp import from_vllm, to_vllm
+from .engine_layouts import FOREIGN, VOCAB_IDS, ExportContext, refusals
+from .export_mlp import from_vllm
+
+__all__ = ["ExportContext", "SPECLAB_META", "checkpoint_meta", "layout_of", "load_checkpoint", "write_layout"]
 
 log = logging.getLogger(__name__)
 
 SPECLAB_META = "speclab.json"  # speclab's description of a foreign-layout export
-SPECULATORS_VERSION = "0.1.0"  # the speculators config schema these fields follow
-VOCAB_IDS = "vocab.ids"  # speclab's reduced-vocabulary buffer: exported as d2t (+ t2d)
-# Target builders of speclab.speculator.targets -> (the verifier's hub id, its HF architecture);
-# no hub id: the target exists only in-process, so the export saves it under VERIFIER_DIR.
-KNOWN_VERIFIERS = {
-    "speclab.speculator.targets.smollm2_from_gguf": ("HuggingFaceTB/SmolLM2-135M-Instruct", "LlamaForCausalLM"),
-    "speclab.speculator.targets.tiny_llama": (None, "LlamaForCausalLM"),
-}
-VERIFIER_DIR = "verifier"
-VLLM_EAGLE3_AUX_LAYERS = 3  # vLLM's EAGLE-3 fc reads exactly 3 x target_hidden_size
-
-
-@dataclasses.dataclass
-class ExportContext:
-    """What a layout needs besides the speculator."""
-
-    meta: dict  # speclab's config.json of the checkpoint (family, config, target, target_config)
-    k: int  # the draft length it was scored with (a tree: its depth)
-    tree: dict | None = None  # the eval tree (shape, depth, top_k, budget) when scored with one
-    final_dir: Path | None = None  # where the export will live: a saved verifier is named by this path
-
-    @property
-    def scored_with(self) -> dict:
-        return {"method": "tree", "k": self.k, "tree": self.tree} if self.tree else {"method": "chain", "k": self.k}
 
 
 def layout_of(family: str) -> str:
     return {"eagle3": "speculators_eagle3", "mlp": "mlp_speculator", "draft_lm": "hf_llama",
             "medusa": "vllm_medusa"}.get(family, "speclab")
-
-
-def refusals(speculator: Speculator, layout: str) -> list[str]:
-    """Why the engine behind `layout` could not run this speculator as speclab measured it."""
-    if layout == "speculators_eagle3":
-        L, ids = speculator.target_info.num_layers, list(speculator.target_layer_ids)
-        out = []
-        if len(set(ids)) != VLLM_EAGLE3_AUX_LAYERS:
-            out.append(f"vLLM's EAGLE-3 reads exactly {VLLM_EAGLE3_AUX_LAYERS} distinct target layers "
-                       f"(its fc is [D, 3 x target_hidden_size]); this draft fuses {ids}")
-        if any(i >= L for i in ids):
-            out.append(f"target layer {L} was read after the final norm (HF hidden_states[{L}]), but vLLM hands "
-                       f"the draft the pre-norm residual stream; train on layers 0..{L - 1}")
-        return out
-    if layout == "mlp_speculator" and speculator.config.tie_weights and speculator.config.n_predict < 2:
-        return ["vLLM's MLPSpeculator refuses tied weights with a single stage (n_predict 1); train untied"]
-    if layout == "vllm_medusa" and speculator.config.hidden_size not in (0, speculator.target_info.hidden_size):
-        return [f"vLLM's Medusa heads are as wide as the target ({speculator.target_info.hidden_size}) with no input "
-                f"projection; this one is {speculator.config.hidden_size} wide"]
-    if layout == "hf_llama" and not speculator.vocab.full:
-        return [f"a LlamaForCausalLM assistant scores all {speculator.vocab.target_vocab} target tokens, and its "
-                f"{speculator.vocab.size}-token head cannot be widened exactly (a bias-free lm_head after RMSNorm "
-                "cannot mask a token); train with draft_vocab_size=0"]
-    return []
 
 
 def write_layout(out: Path, speculator: Speculator, ctx: ExportContext) -> tuple[str, list[str]]:
@@ -117,182 +71,6 @@ def write_layout(out: Path, speculator: Speculator, ctx: ExportContext) -> tuple
     meta = {**ctx.meta, "layout": layout, "scored_with": ctx.scored_with, **mapping}
     (out / SPECLAB_META).write_text(json.dumps(meta, indent=2) + "\n")
     return layout, reasons
-
-
-def renamed_tensors(speculator: Speculator, rename: Callable[[str], str]) -> tuple[dict, dict]:
-    """Unique tensors under exported names, and exported name -> every speclab alias of it.
-
-    Tied parameters (one tensor under several names) are written once, as safetensors
-    requires; `vocab.ids` is replaced by d2t and t2d, vLLM's vocabulary mapping.
-    """
-    tensors, weight_map, seen = {}, {}, {}
-    for name, tensor in speculator.state_dict(keep_vars=False).items():
-        if name == VOCAB_IDS:
-            tensors.update(vocab_tensors(speculator))
-            continue
-        key = (tensor.data_ptr(), tuple(tensor.shape), tensor.dtype)
-        if key in seen:  # an alias of a tensor already written
-            weight_map[seen[key]].append(name)
-            continue
-        exported = rename(name)
-        seen[key] = exported
-        weight_map[exported] = [name]
-        tensors[exported] = tensor.detach().cpu().contiguous()
-    return tensors, weight_map
-
-
-def vocab_tensors(speculator: Speculator) -> dict[str, torch.Tensor]:
-    return {"d2t": speculator.vocab.d2t().cpu().contiguous(),  # [N] draft id -> target id offset
-            "t2d": speculator.vocab.t2d().cpu().contiguous()}  # [V] bool: target id is drafted
-
-
-def mlp_speculator(speculator: Speculator, ctx: ExportContext, out: Path) -> tuple[dict, dict, dict]:
-    c, target = speculator.config, speculator.target_info
-    tensors, inner_dim = to_vllm(speculator)
-    if not speculator.vocab.full:  # vLLM skips names it has no parameter for; speclab reloads its vocabulary
-        tensors.update(vocab_tensors(speculator))
-    config = {
-        "architectures": ["MLPSpeculatorPreTrainedModel"],
-        "model_type": "mlp_speculator",
-        "vocab_size": target.vocab_size,
-        "emb_dim": target.hidden_size,
-        "inner_dim": inner_dim,  # speclab's + 1 when a reduced vocabulary was expanded (export_mlp.py)
-        "n_predict": c.n_predict,
-        "top_k_tokens_per_head": [1] * c.n_predict,
-        "n_candidates": 1,
-        "tie_weights": c.tie_weights,
-        "scale_input": False,
-        "torch_dtype": _dtype_name(speculator),
-    }
-    return tensors, config, {"conversion": "vllm_mlp"}
-
-
-def hf_llama(speculator: Speculator, ctx: ExportContext, out: Path) -> tuple[dict, dict, dict]:
-    """draft_lm as LlamaForCausalLM: body.* -> model.*, head -> lm_head (full vocabulary: `refusals`)."""
-    tensors, weight_map = renamed_tensors(
-        speculator, lambda name: "lm_head.weight" if name == "head.weight" else "model." + name.removeprefix("body."))
-    config = {**speculator.body.config.to_dict(), "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-              "tie_word_embeddings": False, "torch_dtype": _dtype_name(speculator)}
-    return tensors, config, {"weight_map": weight_map}
-
-
-def speculators_eagle3(speculator: Speculator, ctx: ExportContext, out: Path) -> tuple[dict, dict, dict]:
-    c, target = speculator.config, speculator.target_info
-    verifier_name, verifier_arch = verifier_of(ctx, target.name, out)
-    # eagle3.py already uses speculators' names; d2t/t2d only for a reduced vocabulary, as speculators saves them
-    tensors, weight_map = renamed_tensors(speculator, lambda name: name)
-    config = {
-        "speculators_model_type": "eagle3",
-        "speculators_version": SPECULATORS_VERSION,
-        "architectures": ["Eagle3Speculator"],
-        "draft_vocab_size": speculator.vocab.size,
-        "norm_before_residual": False,
-        # vLLM sizes fc as 3 x target_hidden_size, so a draft narrower or wider than its target serves
-        "target_hidden_size": target.hidden_size,
-        # ids into the target's pre-norm residual stream (0: embeddings), as vLLM hands them (refusals)
-        "eagle_aux_hidden_state_layer_ids": list(speculator.target_layer_ids),
-        "transformer_layer_config": {
-            "model_type": "llama",
-            "architectures": ["LlamaForCausalLM"],
-            "vocab_size": target.vocab_size,
-            "hidden_size": c.hidden_size,
-            "intermediate_size": c.intermediate_size,
-            "num_hidden_layers": c.num_layers,
-            "num_attention_heads": c.num_heads,
-            "num_key_value_heads": c.num_kv_heads,
-            "head_dim": c.hidden_size // c.num_heads,
-            "rms_norm_eps": 1e-6,
-            "rope_theta": c.rope_theta,
-            "hidden_act": "silu",
-            "attention_bias": False,
-            "mlp_bias": False,
-            "tie_word_embeddings": False,
-        },
-        "speculators_config": {
-            "algorithm": "eagle3",
-            # speculators defines only the greedy chain proposal: a tree-scored run records its
-            # tree in speclab.json and proposes chains of the tree's depth here
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": ctx.k,
-                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
-            "default_proposal_method": "greedy",
-            "verifier": {"name_or_path": verifier_name, "architectures": [verifier_arch] if verifier_arch else []},
-        },
-        "torch_dtype": _dtype_name(speculator),
-    }
-    return tensors, config, {"weight_map": weight_map}
-
-
-def vllm_medusa(speculator: Speculator, ctx: ExportContext, out: Path) -> tuple[dict, dict, dict]:
-    """vLLM's Medusa: heads.i.(j+1).linear (after the identity projection) -> blocks.i.layers.j,
-    out.linears.i -> lm_heads.i; a reduced vocabulary is vLLM's token_map (-inf elsewhere: exact)."""
-    c, target = speculator.config, speculator.target_info
-
-    def rename(name: str) -> str:
-        if name.startswith("out.linears."):
-            return name.replace("out.linears.", "lm_heads.", 1)
-        _, head, block, _, param = name.split(".")  # heads.i.(j+1).linear.{weight,bias}
-        return f"blocks.{head}.layers.{int(block) - 1}.{param}"
-
-    tensors, weight_map = renamed_tensors(speculator, rename)
-    if not speculator.vocab.full:
-        tensors["token_map"] = speculator.vocab.ids.cpu().contiguous()  # [N] target ids, vLLM's name
-    config = {
-        "architectures": ["MedusaModel"],
-        "model_type": "medusa",
-        "hidden_size": target.hidden_size,
-        "vocab_size": target.vocab_size,
-        "num_heads": c.num_heads,
-        "num_hidden_layers": c.num_blocks,
-        "truncated_vocab_size": speculator.vocab.size,
-        "medusa_fc_bias": True,  # speclab's residual blocks have a bias
-        "original_lm_head": c.output == "shared",  # one output layer for every head
-        "torch_dtype": _dtype_name(speculator),
-    }
-    return tensors, config, {"weight_map": weight_map}
-
-
-FOREIGN: dict[str, Callable] = {"mlp_speculator": mlp_speculator, "speculators_eagle3": speculators_eagle3,
-                                "hf_llama": hf_llama, "vllm_medusa": vllm_medusa}
-
-
-def verifier_of(ctx: ExportContext, target_name: str, out: Path) -> tuple[str | None, str | None]:
-    """The verifier's hub id or local path, and its HF architecture.
-
-    A known target is its hub id; a target that exists only in-process (tiny_llama) is saved
-    into the export and named by the export's final path; any other is its recorded
-    name_or_path, made absolute when it is a local directory.
-    """
-    target_config = ctx.meta.get("target_config") or {}
-    builder = target_config.get("_target_")
-    if builder in KNOWN_VERIFIERS:
-        name, arch = KNOWN_VERIFIERS[builder]
-        if name is None:
-            name = save_verifier(target_config, out, ctx.final_dir)
-        return name, arch
-    name = target_config.get("name_or_path") or target_name
-    if Path(name).is_dir():
-        name = str(Path(name).resolve())
-    try:  # a local directory or a cached hub id; no network is needed for either
-        from transformers import AutoConfig
-
-        archs = AutoConfig.from_pretrained(name, local_files_only=True).architectures or [None]
-        return name, archs[0]
-    except Exception:  # noqa: BLE001 - unknown is recorded as unknown, never guessed
-        return name, None
-
-
-def save_verifier(target_config: dict, out: Path, final_dir: Path | None) -> str:
-    """Save the in-process target (weights, config, tokenizer) as out/verifier; -> its final path."""
-    from .target_spec import parse_target_spec
-
-    target = parse_target_spec(target_config, "the checkpoint's target_config").build()  # data, never code
-    target.model.save_pretrained(out / VERIFIER_DIR)
-    target.tokenizer.save_pretrained(out / VERIFIER_DIR)
-    return str(((final_dir or out) / VERIFIER_DIR).resolve())
-
-
-def _dtype_name(speculator: Speculator) -> str:
-    return str(next(speculator.parameters()).dtype).removeprefix("torch.")
 
 
 # --- loading any layout back -------------------------------------------------------------

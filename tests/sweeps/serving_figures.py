@@ -30,7 +30,8 @@ CASES = [  # (family, label, spec)
     ("mlp", "mlp, tied, draft vocab 100 of 384 (expanded)", SPECS["mlp"]),
     ("mlp", "mlp, untied, full vocab", dict(SPECS["mlp"], tie_weights=False, draft_vocab_size=0)),
     ("medusa", "medusa, 2 heads, draft vocab 100 of 384 (token_map)", SPECS["medusa"]),
-    ("medusa", "medusa, 2 heads, shared output, full vocab", dict(SPECS["medusa"], output="shared", draft_vocab_size=0)),
+    ("medusa", "medusa, 2 heads, shared output, full vocab",
+     dict(SPECS["medusa"], output="shared", draft_vocab_size=0)),
     ("draft_lm", "draft_lm, full vocab", SPECS["draft_lm"]),
 ]
 

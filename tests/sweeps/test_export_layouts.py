@@ -15,7 +15,8 @@ from speclab.speculator.base import TargetInfo, build_speculator
 from speclab.speculator.targets import tiny_llama
 from speclab.sweeps.cli import main
 from speclab.sweeps.export import export_best
-from speclab.sweeps.export_formats import ExportContext, load_checkpoint, verifier_of
+from speclab.sweeps.engine_layouts import ExportContext, verifier_of
+from speclab.sweeps.export_formats import load_checkpoint
 from speclab.sweeps.results import weights_sha256
 
 TARGET_CONFIG = {"_target_": "speclab.speculator.targets.tiny_llama", "seed": 0, "num_layers": 4}
@@ -68,7 +69,8 @@ def test_eagle3_is_written_in_the_speculators_format(tmp_path, target):
     assert spec["proposal_methods"] == [{"proposal_type": "greedy", "speculative_tokens": 2, "verifier_accept_k": 1,
                                          "accept_tolerance": 0.0}]  # k = the run's measured draft length
     # an in-process target is saved beside the draft and named by the export's own path
-    assert spec["verifier"] == {"name_or_path": str((out / "verifier").resolve()), "architectures": ["LlamaForCausalLM"]}
+    assert spec["verifier"] == {"name_or_path": str((out / "verifier").resolve()),
+                                "architectures": ["LlamaForCausalLM"]}
     assert json.loads((out / "verifier" / "config.json").read_text())["num_hidden_layers"] == 4
     assert config["draft_vocab_size"] == 100 and config["target_hidden_size"] == target.hidden_size
     assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]  # pre-norm states vLLM hands, never layer 4
@@ -122,6 +124,11 @@ def test_eagle3_reading_the_post_norm_last_layer_is_refused(tmp_path, target):
     _, out = exported(tmp_path, target, "eagle3", spec=spec)
     manifest = json.loads((out / "export.json").read_text())
     assert manifest["layout"] == "speclab" and "pre-norm residual stream" in manifest["not_servable"][0]
+
+
+def test_eagle3_fusing_layers_out_of_vllms_order_is_refused(tmp_path, target):
+    _, out = exported(tmp_path, target, "eagle3", spec=dict(SPECS["eagle3"], target_layers=[3, 1, 2]))
+    assert "ascending order" in json.loads((out / "export.json").read_text())["not_servable"][0]
 
 
 def test_mlp_is_written_in_the_mlp_speculator_layout(tmp_path, target):
