@@ -142,9 +142,6 @@ def _complete_store(out: Path) -> FeatureStore | None:
         return None
 
 
-_BASE_FILES = ("offsets.npy", "input_ids.npy", "loss_mask.npy", "hidden.npy", COMPLETE_MARKER)
-
-
 def _layer_file(i: int) -> str:
     return f"layer_{i}.npy"
 
