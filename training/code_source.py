@@ -19,6 +19,7 @@ import re
 import sys
 import sysconfig
 import warnings
+from functools import lru_cache
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
@@ -65,7 +66,13 @@ def python_files(roots: Sequence[Path], seed: int) -> list[tuple[Path, str]]:
 
 def listing_fingerprint(roots: Sequence[Path]) -> str:
     """Names and sizes of the files under `roots` plus the interpreter's version: what the
-    mined data depends on, without reading tens of thousands of files."""
+    mined data depends on, without reading tens of thousands of files. Listed once per process
+    (the installed source does not change under a running experiment)."""
+    return _listing_fingerprint(tuple(roots))
+
+
+@lru_cache(maxsize=8)
+def _listing_fingerprint(roots: tuple[Path, ...]) -> str:
     h = hashlib.sha256(sys.version.encode())
     for path, name in sorted(python_files(roots, 0), key=lambda f: f[1]):
         h.update(f"{name}\0{path.stat().st_size}\n".encode())

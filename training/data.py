@@ -103,8 +103,9 @@ def _covers(meta: dict, cfg: DataConfig) -> bool:
     """Whether a cached bundle already holds what `cfg` asks for (round 0 at least)."""
     if cfg.max_tokens == 0:
         return True
-    return sum(meta["loss_tokens"]) >= cfg.max_tokens or meta["growth"]["exhausted"] \
-        if "growth" in meta else meta["stats"]["assistant_tokens"] >= cfg.max_tokens
+    if "growth" not in meta:  # a bundle from before budgets: one round, never extended
+        return meta["stats"]["assistant_tokens"] >= cfg.max_tokens
+    return sum(meta["loss_tokens"]) >= cfg.max_tokens or meta["growth"]["exhausted"]
 
 
 def _grow(target: FrozenTarget, cfg: DataConfig, start, work: Path, progress: bool,
