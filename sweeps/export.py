@@ -60,10 +60,12 @@ def export_best(runs_dir: str | Path, out_dir: str | Path, metric: str = "speedu
 
 
 def scored_with(result: dict) -> tuple[int, dict | None]:
-    """(k, tree or None): the draft length, and the tree when the run was scored with one."""
-    tree = ((result.get("config") or {}).get("eval") or {}).get("tree")
-    k = (result.get("acceptance") or {}).get("k") or (tree or {}).get("depth") or DEFAULT_K
-    return k, (dict(tree) if tree else None)
+    """(k, tree or None) the run was scored with: result.json's chosen method (eval/method.py:
+    {"kind": "chain", "k"} or {"kind": "tree", shape, depth, top_k, budget}), else its chain's k."""
+    chosen = (result.get("method") or {}).get("chosen") or {}
+    if chosen.get("kind") == "tree":
+        return chosen["depth"], {key: chosen[key] for key in ("shape", "depth", "top_k", "budget")}
+    return chosen.get("k") or (result.get("acceptance") or {}).get("k") or DEFAULT_K, None
 
 
 def checkpoint_of(run_dir: Path, result: dict) -> Path:

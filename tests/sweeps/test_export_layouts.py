@@ -14,7 +14,7 @@ from test_index import make_run
 from speclab.speculator.base import TargetInfo, build_speculator
 from speclab.speculator.targets import tiny_llama
 from speclab.sweeps.cli import main
-from speclab.sweeps.export import export_best
+from speclab.sweeps.export import export_best, scored_with
 from speclab.sweeps.engine_layouts import ExportContext, verifier_of
 from speclab.sweeps.export_formats import load_checkpoint
 from speclab.sweeps.results import weights_sha256
@@ -97,7 +97,7 @@ def test_the_export_records_the_tree_it_was_scored_with(tmp_path, target):
              weights_sha256=weights_sha256(speculator.state_dict()), per_position=(0.5, 0.3, 0.2))
     result_file = runs / "run" / "result.json"
     result = json.loads(result_file.read_text())
-    result["config"]["eval"] = {"tree": {"shape": "dynamic", "depth": 3, "top_k": 4, "budget": 8}}
+    result["method"] = {"chosen": {"kind": "tree", "shape": "dynamic", "depth": 3, "top_k": 4, "budget": 8}}
     result_file.write_text(json.dumps(result))
     out = export_best(runs, tmp_path / "out")
     scored = {"method": "tree", "k": 3, "tree": {"shape": "dynamic", "depth": 3, "top_k": 4, "budget": 8}}
@@ -211,3 +211,10 @@ def test_the_verifier_is_a_hub_id_for_a_known_target_and_a_local_path_otherwise(
     local = ExportContext({"target_config": {"_target_": "speclab.speculator.targets.hf_causal_lm",
                                              "name_or_path": str(tmp_path / "my-model")}}, k=4)
     assert verifier_of(local, "ignored", tmp_path) == (str((tmp_path / "my-model").resolve()), "LlamaForCausalLM")
+
+
+def test_scored_with_reads_the_chosen_method_then_the_chains_k():
+    assert scored_with({"method": {"chosen": {"kind": "chain", "k": 6}}, "acceptance": {"k": 6}}) == (6, None)
+    tree = {"kind": "tree", "shape": "static", "depth": 3, "top_k": 2, "budget": 5}
+    assert scored_with({"method": {"chosen": tree}}) == (3, {"shape": "static", "depth": 3, "top_k": 2, "budget": 5})
+    assert scored_with({"acceptance": {"k": 2}}) == (2, None)  # a run from before methods were chosen
