@@ -218,6 +218,10 @@ class Speculator(nn.Module):
         """The longest chain this speculator can propose (None: unbounded)."""
         return None
 
+    def reset(self) -> None:
+        """Forget what earlier requests taught it (suffix's eval history); a learned family
+        holds nothing between requests. Called between methods scored on the same prompts."""
+
     # --- persistence ------------------------------------------------------------------
 
     def num_params(self) -> int:

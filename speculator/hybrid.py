@@ -91,6 +91,10 @@ class HybridSpeculator(Speculator):
     def max_draft_len(self) -> int | None:
         return self.learned.max_draft_len()
 
+    def reset(self) -> None:
+        self.learned.reset()
+        self.suffix.reset()
+
     def start(self, prompt_ids, prompt_hidden, layers=None) -> HybridState:
         return HybridState(self.learned.start(prompt_ids, prompt_hidden, layers),
                            self.suffix.start(prompt_ids, prompt_hidden))

@@ -62,6 +62,10 @@ class SuffixSpeculator(TrainingFree):
         self.history = SuffixTrie(config.max_pattern + 1)  # earlier outputs of this eval
         self._open: SuffixState | None = None  # the request being decoded: its output joins history next
 
+    def reset(self) -> None:
+        self.history = SuffixTrie(self.config.max_pattern + 1)
+        self._open = None
+
     def window(self) -> int:
         return self.config.max_pattern
 

@@ -16,6 +16,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from speclab.eval.benchmark import score
+from speclab.eval.method import MethodConfig, choose, tree_of
 from speclab.eval.prompts import encode_prompt, humaneval_prompts, load_prompts
 from speclab.speculator.base import Speculator, TargetInfo, build_config, build_speculator, speculator_class
 from speclab.speculator.lookup import TrainingFree
@@ -127,8 +128,16 @@ def eval_prompts(cfg: DictConfig, heldout: list[dict]) -> list[dict]:
 
 
 def evaluate(cfg: DictConfig, target: FrozenTarget, speculator: Speculator, prompts: list[dict]) -> dict:
+    """score() with the run's drafting method: a chain of eval.k, or the best of a pilot (eval/method.py)."""
     encoded = [encode_prompt(target.tokenizer, p, chat_template=cfg.eval.chat_template) for p in prompts]
-    return score(target, speculator.eval(), encoded, cfg.eval.max_new_tokens, cfg.eval.k)
+    method = MethodConfig(**OmegaConf.to_container(cfg.eval.method, resolve=True)) \
+        if "method" in cfg.eval else MethodConfig(select="fixed")
+    if method.select == "fixed":
+        return score(target, speculator.eval(), encoded, cfg.eval.max_new_tokens, cfg.eval.k)
+    chosen = choose(target, speculator.eval(), encoded, method, cfg.eval.max_new_tokens)
+    scored = score(target, speculator, encoded, cfg.eval.max_new_tokens, chosen["chosen"].get("k", cfg.eval.k),
+                   tree=tree_of(chosen["chosen"]))
+    return {**scored, "method": chosen}
 
 
 def run_experiment(cfg: DictConfig, run_dir: Path) -> dict:
@@ -146,7 +155,7 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict:
         else:
             target, speculator, heldout = trained(cfg, run_dir, result)
         scored = evaluate(cfg, target, speculator, eval_prompts(cfg, heldout))
-        result.update({key: scored[key] for key in ("acceptance", "throughput", "lossless", "timing", "ci")
+        result.update({key: scored[key] for key in ("acceptance", "throughput", "lossless", "timing", "ci", "method")
                        if key in scored})
         result["eval"] = {"per_prompt": scored.get("per_prompt"), "k": cfg.eval.k,
                           "max_new_tokens": cfg.eval.max_new_tokens}

@@ -1,0 +1,160 @@
+"""Each run scored with its best drafting method, as a serving engine would deploy it.
+
+A speculator's speedup depends on how it drafts: a chain of k tokens, or a tree of several
+candidates per position verified in one pass. Which wins depends on the target's cost of
+verifying n tokens at once, which depends on the machine (a GPU verifies 32 tokens for
+little more than one; a CPU pays nearly per token).
+
+1. The verification-cost curve: ms for the target to verify n tokens after a prompt, for
+   each n of `cost_lengths`, through the target's public call (a tree mask that is a chain,
+   so tree verification's own path is timed), median of `cost_repeats`.
+2. The tree's size from the curve: its budget is the largest n verified within
+   `cost_slack` x the cost of one token (beyond that, every extra node costs more than it is
+   likely to earn), depth and top_k from the config, depth capped at the budget.
+3. A pilot: every candidate (chains at each k of `chain_k`, the sized tree) decodes the
+   first `pilot_prompts` prompts for `pilot_tokens` tokens; the fastest by tokens/s is
+   chosen. Plain decoding is the same for all candidates, so tokens/s ranks speedups.
+
+The chosen method is then scored on every prompt as usual (benchmark.score). The
+speculator's request memory (`Speculator.reset`) is cleared before each pilot and the
+final score, so no candidate is scored on what another one decoded.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from speclab.speculator.base import Speculator
+from speclab.speculator.target import FrozenTarget
+
+from .engine import effective_draft_len, generate_speculative
+from .tree import TreeConfig, generate_tree
+
+WARMUP_TOKENS = 4  # an untimed run per candidate: first calls of a shape are slower
+
+
+@dataclass
+class MethodConfig:
+    """How a run's drafting method is chosen (configs/eval: `method`)."""
+
+    select: Literal["best", "fixed"] = "best"
+    """best: pilot every candidate and score the fastest; fixed: score a chain of eval.k."""
+    chain_k: list[int] = field(default_factory=lambda: [1, 2, 4, 6])
+    """Chain lengths tried (each capped at the speculator's longest chain)."""
+    tree_depth: int = 4
+    """Deepest path of the candidate tree (capped at the speculator's longest chain)."""
+    tree_top_k: int = 4
+    """Children per expanded node of the candidate tree."""
+    cost_lengths: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
+    """Token counts n at which the verification cost is measured."""
+    cost_repeats: int = 3
+    """Timed verifications per n (the median is kept)."""
+    cost_slack: float = 1.5
+    """The tree's budget: the largest n verified within this many times one token's cost."""
+    pilot_prompts: int = 2
+    """Prompts the candidates decode in the pilot (the first of the eval set)."""
+    pilot_tokens: int = 32
+    """New tokens per pilot prompt."""
+
+    def __post_init__(self) -> None:
+        if self.select not in ("best", "fixed"):
+            raise ValueError(f"eval.method.select must be best or fixed, got {self.select!r}")
+        if not self.chain_k or min(self.chain_k) < 1 or not self.cost_lengths or min(self.cost_lengths) < 1:
+            raise ValueError("eval.method needs chain_k and cost_lengths of positive integers")
+
+
+@torch.no_grad()
+def verification_cost(target: FrozenTarget, prompt: torch.Tensor, lengths: list[int], repeats: int) -> dict[int, float]:
+    """{n: median ms to verify n tokens after prompt [1, T]}, each as a chain-shaped tree."""
+    cache = target.new_cache()
+    target(prompt.to(target.device), cache, logits_for="last")
+    past, out = prompt.shape[1], {}
+    for n in sorted(set(lengths)):
+        ids = prompt[:, -1:].to(target.device).repeat(1, n)  # [1, n]: the tokens do not change the cost
+        mask = target.tree_mask(torch.ones(n, n, dtype=torch.bool).tril(), past)
+        positions = past + torch.arange(n, device=target.device)[None]  # [1, n]
+        times = []
+        for attempt in range(repeats + 1):  # the first call of a shape is a warm-up
+            start = time.perf_counter()
+            target(ids, cache, logits_for="all", attention_mask=mask, position_ids=positions)
+            if target.device.type == "cuda":
+                torch.cuda.synchronize(target.device)
+            if attempt:
+                times.append((time.perf_counter() - start) * 1e3)
+            FrozenTarget.rollback(cache, n)
+        out[n] = statistics.median(times)
+    return out
+
+
+def tree_for(cost: dict[int, float], cfg: MethodConfig, speculator: Speculator) -> TreeConfig:
+    """The dynamic tree the cost curve affords (module docstring, step 2)."""
+    base = cost[min(cost)]
+    budget = max([n for n, ms in cost.items() if ms <= cfg.cost_slack * base] or [min(cost)])
+    budget = max(budget, 2)  # a one-node tree is a chain of 1, which the chains already cover
+    depth = min(effective_draft_len(speculator, cfg.tree_depth), budget)
+    return TreeConfig("dynamic", depth=depth, top_k=cfg.tree_top_k, budget=budget)
+
+
+def candidates(speculator: Speculator, cfg: MethodConfig, tree: TreeConfig | None) -> list[dict]:
+    """[{"kind": "chain", "k"} ...] + [{"kind": "tree", shape, depth, top_k, budget}]."""
+    ks = sorted({effective_draft_len(speculator, k) for k in cfg.chain_k})
+    methods = [{"kind": "chain", "k": k} for k in ks]
+    if tree is not None:
+        methods.append({"kind": "tree", "shape": tree.shape, "depth": tree.depth, "top_k": tree.top_k,
+                        "budget": tree.budget})
+    return methods
+
+
+def decode(target: FrozenTarget, speculator: Speculator, prompt: torch.Tensor, max_new: int, method: dict):
+    if method["kind"] == "chain":
+        return generate_speculative(target, speculator, prompt, max_new, method["k"])
+    tree = TreeConfig(method["shape"], method["depth"], method["top_k"], method["budget"])
+    return generate_tree(target, speculator, prompt, max_new, tree)
+
+
+def pilot(target: FrozenTarget, speculator: Speculator, prompts: list[torch.Tensor], methods: list[dict],
+          max_new: int) -> list[dict]:
+    """Each method's tokens/s and acceptance length on the prompts (method dicts extended)."""
+    out = []
+    for method in methods:
+        speculator.reset()
+        try:
+            decode(target, speculator, prompts[0], WARMUP_TOKENS, method)
+        except NotImplementedError as exc:  # a family without tree drafting: its chains still compete
+            out.append({**method, "tok_s": None, "error": str(exc)})
+            continue
+        speculator.reset()
+        gens = [decode(target, speculator, p, max_new, method) for p in prompts]
+        tokens, seconds = sum(g.new_tokens for g in gens), sum(g.seconds for g in gens)
+        steps = [n for g in gens for n in g.accepted]
+        out.append({**method, "tok_s": tokens / seconds, "new_tokens": tokens, "seconds": seconds,
+                    "acceptance_length": 1 + sum(steps) / len(steps) if steps else None})
+    speculator.reset()
+    return out
+
+
+def choose(target: FrozenTarget, speculator: Speculator, prompts: list[torch.Tensor], cfg: MethodConfig,
+           max_new_tokens: int | None = None) -> dict:
+    """result.json's `method` block: the cost curve, every candidate's pilot figures, the
+    choice. The pilot decodes at most max_new_tokens (the eval's own budget) per prompt."""
+    cost = verification_cost(target, prompts[0], cfg.cost_lengths, cfg.cost_repeats)
+    methods = candidates(speculator, cfg, tree_for(cost, cfg, speculator))
+    tokens = min(cfg.pilot_tokens, max_new_tokens or cfg.pilot_tokens)
+    tried = pilot(target, speculator, prompts[: cfg.pilot_prompts], methods, tokens)
+    best = max((m for m in tried if m["tok_s"] is not None), key=lambda m: m["tok_s"])
+    return {"verify_cost_ms": {str(n): ms for n, ms in cost.items()},
+            "pilot": {"prompts": min(cfg.pilot_prompts, len(prompts)), "max_new_tokens": tokens},
+            "candidates": tried,
+            "chosen": {key: best[key] for key in ("kind", "k", "shape", "depth", "top_k", "budget") if key in best}}
+
+
+def tree_of(chosen: dict) -> TreeConfig | None:
+    """The TreeConfig of a chosen tree method (None for a chain)."""
+    if chosen["kind"] != "tree":
+        return None
+    return TreeConfig(chosen["shape"], chosen["depth"], chosen["top_k"], chosen["budget"])

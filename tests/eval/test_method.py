@@ -1,0 +1,81 @@
+"""Choosing a run's drafting method: the verification-cost curve, the tree it affords, and a
+pilot whose choice follows the measured speed (a target made slow at trees picks a chain)."""
+
+import time
+
+import pytest
+
+from speclab.eval.method import MethodConfig, candidates, choose, pilot, tree_for, tree_of, verification_cost
+from speclab.speculator.base import TargetInfo, build_speculator
+from speculator_stubs import OracleSpeculator, scripted
+
+DELAY_S = 0.1  # per slowed call: ~100x a warm tiny-target step, far above timing noise
+
+
+class Slowed:
+    """The tiny target, its tree verification (a call with a tree mask) or its chain
+    verification (several tokens, no mask) made slow; everything else passes through."""
+
+    def __init__(self, target, slow: str):
+        self.target, self.slow = target, slow
+
+    def __getattr__(self, name):
+        return getattr(self.target, name)
+
+    def __call__(self, ids, cache=None, *args, attention_mask=None, **kwargs):
+        tree = attention_mask is not None
+        if (self.slow == "tree" and tree) or (self.slow == "chain" and not tree and ids.shape[1] > 1 and cache is not None
+                                              and kwargs.get("logits_for") == "all"):
+            time.sleep(DELAY_S)
+        return self.target(ids, cache, *args, attention_mask=attention_mask, **kwargs)
+
+
+PILOT = MethodConfig(chain_k=[1, 3], tree_depth=3, tree_top_k=2, cost_lengths=[1, 2, 4, 8], cost_repeats=1,
+                     pilot_prompts=1, pilot_tokens=12)
+
+
+def test_cost_curve_has_every_length_and_grows_with_a_slow_tree_path(target, prompt):
+    fast = verification_cost(target, prompt, [1, 4, 2], repeats=2)
+    assert list(fast) == [1, 2, 4] and all(ms > 0 for ms in fast.values())
+    slow = verification_cost(Slowed(target, "tree"), prompt, [1, 4], repeats=1)
+    assert min(slow.values()) > DELAY_S * 1e3  # it timed the tree-mask path
+
+
+def test_tree_budget_is_the_most_tokens_within_the_slack():
+    spec = build_speculator("ngram", {}, TargetInfo(vocab_size=7, hidden_size=4, num_layers=1))
+    cost = {1: 10.0, 2: 11.0, 4: 12.0, 8: 14.9, 16: 30.0}
+    assert tree_for(cost, MethodConfig(cost_slack=1.5), spec).budget == 8
+    assert tree_for(cost, MethodConfig(cost_slack=1.25), spec).budget == 4
+    tight = tree_for(cost, MethodConfig(cost_slack=1.0, tree_depth=6), spec)
+    assert tight.budget == 2 and tight.depth == 2  # never a one-node tree; depth within the budget
+    mlp = build_speculator("mlp", {"n_predict": 3, "inner_dim": 8}, TargetInfo(vocab_size=7, hidden_size=4, num_layers=1))
+    assert tree_for(cost, MethodConfig(tree_depth=6), mlp).depth == 3  # capped at its longest chain
+    assert [m.get("k") for m in candidates(mlp, MethodConfig(chain_k=[1, 2, 5, 8]), None)] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("slow, expected", [("tree", "chain"), ("chain", "tree")])
+def test_the_choice_follows_the_measured_speed(target, prompt, slow, expected):
+    speculator = scripted(OracleSpeculator, target, [prompt], 40)
+    block = choose(Slowed(target, slow), speculator, [prompt], PILOT)
+    assert block["chosen"]["kind"] == expected
+    kinds = {m["kind"] for m in block["candidates"]}
+    assert kinds == {"chain", "tree"} and set(block["verify_cost_ms"]) == {"1", "2", "4", "8"}
+    fastest = max(block["candidates"], key=lambda m: m["tok_s"])
+    assert all(block["chosen"][key] == fastest[key] for key in block["chosen"])
+    if expected == "tree":
+        assert tree_of(block["chosen"]).budget >= 2
+    else:
+        assert tree_of(block["chosen"]) is None
+
+
+def test_pilots_do_not_leak_the_eval_history(target, prompt):
+    # suffix learns from what it decodes: each candidate, and the final score, start afresh,
+    # so a candidate tried after the others accepts exactly what it accepts tried alone
+    speculator = build_speculator("suffix", {}, TargetInfo.of(target))
+    block = choose(target, speculator, [prompt], PILOT)
+    assert speculator.history.size == 1  # nothing left for the final score either
+    for tried in block["candidates"]:
+        alone = pilot(target, build_speculator("suffix", {}, TargetInfo.of(target)), [prompt],
+                      [{k: v for k, v in tried.items() if k in ("kind", "k", "shape", "depth", "top_k", "budget")}],
+                      PILOT.pilot_tokens)
+        assert alone[0]["acceptance_length"] == tried["acceptance_length"], tried
