@@ -53,6 +53,18 @@ def format_lossless(row: dict) -> str:
     return f"{checked - (mismatches or 0)}/{checked}"
 
 
+def format_method(row: dict) -> str:
+    """The drafting method the run was scored with: 'chain k=4', 'tree 8 (d4 x4)'; '-' when
+    the run did not choose one (eval.method.select=fixed: a chain of eval.k)."""
+    block = (row.get("result") or {}).get("method")
+    chosen = block.get("chosen") if isinstance(block, dict) else None
+    if not isinstance(chosen, dict):
+        return MISSING
+    if chosen.get("kind") == "tree":
+        return f"tree {chosen.get('budget')} (d{chosen.get('depth')} x{chosen.get('top_k')})"
+    return f"chain k={chosen.get('k')}"
+
+
 # (header, cell of a row, right-aligned)
 COLUMNS: list[tuple[str, Callable[[dict], str], bool]] = [
     ("run", lambda r: str(r.get("run_id") or r.get("run_dir") or MISSING), False),
@@ -63,6 +75,7 @@ COLUMNS: list[tuple[str, Callable[[dict], str], bool]] = [
     ("spec tok/s", lambda r: format_number(r.get("spec_tok_s"), ".1f"), True),
     ("base tok/s", lambda r: format_number(r.get("baseline_tok_s"), ".1f"), True),
     ("speedup", lambda r: format_speedup(r.get("speedup")), True),
+    ("method", format_method, False),
     ("lossless", format_lossless, True),
     ("status", lambda r: str(r.get("status") or MISSING), False),
 ]

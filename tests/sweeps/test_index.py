@@ -1,9 +1,10 @@
+import re
 import sqlite3
 
 import pytest
 
 from speclab.sweeps.index import INDEX_FILE, NoEligibleRunError, best, read_index, rebuild
-from speclab.sweeps.results import EXPORT_MANIFEST, failed_result, new_result, write_result
+from speclab.sweeps.results import EXPORT_MANIFEST, failed_result, new_result, read_result, write_result
 from speclab.sweeps.table import format_per_position, format_table
 
 
@@ -136,6 +137,21 @@ def test_rows_below_the_best_baseline_are_marked(tmp_path):
     assert lines["ngram"].rstrip().endswith("baseline") and lines["suffix"].rstrip().endswith("baseline")
     assert "below" not in lines["failed"]  # a run that does not count shows its reason instead
     assert list(lines)[:4] == ["eagle", "suffix", "mlp", "ngram"]
+
+
+def test_the_table_shows_the_method_each_run_chose(tmp_path):
+    root = tmp_path / "runs"
+    chain, tree = make_run(root, "chain"), make_run(root, "tree", speedup=1.5)
+    for run_dir, chosen in ((chain, {"kind": "chain", "k": 3}),
+                            (tree, {"kind": "tree", "shape": "dynamic", "depth": 4, "top_k": 2, "budget": 8})):
+        result = read_result(run_dir)
+        result["method"] = {"chosen": chosen, "candidates": [], "verify_cost_ms": {"1": 1.0}}
+        write_result(run_dir, result)
+    make_run(root, "fixed", speedup=1.1)
+    table = format_table(rebuild(root)).splitlines()
+    column = re.split(r"\s{2,}", table[0]).index("method")
+    methods = {cells[0]: cells[column] for cells in (re.split(r"\s{2,}", line) for line in table[2:5])}
+    assert methods == {"tree": "tree 8 (d4 x2)", "chain": "chain k=3", "fixed": "-"}
 
 
 def test_per_position_is_compact_and_table_handles_no_runs():
