@@ -117,6 +117,7 @@ def _grow(target: FrozenTarget, cfg: DataConfig, start, work: Path, progress: bo
     growth = Growth(**meta["growth"]) if start is not None else Growth()
     stats = meta.get("stats", {}).get("build", {})
     lengths, loss_tokens = list(meta.get("lengths", [])), list(meta.get("loss_tokens", []))
+    round_ends = list(meta.get("round_ends", []))  # examples in the bundle after each round
     new, empty_rounds = [], 0
     while True:
         rnd = next_round(target, cfg, growth, work, progress, exclude)
@@ -130,6 +131,7 @@ def _grow(target: FrozenTarget, cfg: DataConfig, start, work: Path, progress: bo
         new += kept
         lengths += [len(e.input_ids) for e in kept]
         loss_tokens += [sum(e.loss_mask) for e in kept]
+        round_ends.append(len(lengths))
         stats = add_stats(stats, {**rnd.stats, "dropped_without_loss": len(examples) - len(kept)})
         growth.rounds, growth.keys, growth.exhausted = growth.rounds + 1, growth.keys + rnd.keys, rnd.exhausted
         empty_rounds = 0 if kept else empty_rounds + 1
@@ -145,7 +147,7 @@ def _grow(target: FrozenTarget, cfg: DataConfig, start, work: Path, progress: bo
         train = datasets.concatenate_datasets([old, train])
     stats = add_stats(stats, {"build_seconds": time.perf_counter() - t0})
     return train, heldout, {"stats": {"build": stats}, "growth": dataclasses.asdict(growth),
-                            "lengths": lengths, "loss_tokens": loss_tokens,
+                            "lengths": lengths, "loss_tokens": loss_tokens, "round_ends": round_ends,
                             "appended": {"examples": len(new), "tokens": sum(lengths[len(lengths) - len(new):]),
                                          "seconds": round(time.perf_counter() - t0, 3)}}
 
@@ -153,11 +155,12 @@ def _grow(target: FrozenTarget, cfg: DataConfig, start, work: Path, progress: bo
 def _select(train: datasets.Dataset, heldout: list[dict], meta: dict, cfg: DataConfig, fingerprint: str,
             path: Path, from_cache: bool = False) -> DataBundle:
     """The shortest prefix of the cached examples with `cfg.max_tokens` training tokens
-    (all of them without a budget), and the stats of it and of the whole cache."""
+    (round 0 without a budget, however far a budgeted run grew the cache), and the stats of it
+    and of the whole cache."""
     if "growth" not in meta:  # a bundle from before budgets: its stats are already the run's
         return DataBundle(train, heldout, fingerprint, path, meta["stats"], from_cache)
     lengths, loss_tokens = meta["lengths"], meta["loss_tokens"]
-    n, reached = len(lengths), 0
+    n, reached = (len(lengths) if cfg.max_tokens else meta.get("round_ends", [len(lengths)])[0]), 0
     if cfg.max_tokens:
         for i, count in enumerate(loss_tokens):
             reached += count

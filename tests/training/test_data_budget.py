@@ -134,6 +134,11 @@ def test_a_bigger_budget_appends_rounds_equal_to_a_build_in_one_go(target, tmp_p
     # the shortest prefix reaching the budget
     loss = [sum(r["loss_mask"]) for r in rows(again)]
     assert sum(loss) >= 1500 > sum(loss[:-1])
+    # no budget: round 0, as a build without one makes it, however far budgets grew the cache
+    unbudgeted = build_dataset(target, corpus_config(python_folder), cache, progress=False)
+    assert unbudgeted.from_cache and rows(unbudgeted) == rows(
+        build_dataset(target, corpus_config(python_folder), tmp_path / "fresh", progress=False))
+    assert len(unbudgeted.train) < len(small.train)
 
 
 def test_self_distilled_rounds_append_like_a_build_in_one_go(target, tmp_path):
