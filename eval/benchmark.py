@@ -20,6 +20,7 @@ from speclab.speculator.base import Speculator
 from speclab.speculator.target import FrozenTarget
 
 from .engine import Generation, effective_draft_len, generate_plain, generate_speculative
+from .lossless import classify, tie_tolerance
 from .metrics import AcceptanceStats, RequestRecord, acceptance_conventions, bootstrap_ci, speedups, timing
 from .sampling import SamplingConfig
 from .tree import TreeConfig, generate_tree
@@ -36,10 +37,14 @@ class PromptResult:
     peer: tuple[int, float] | None = None  # transformers' generate: (new tokens, seconds)
 
     exact: bool = True  # greedy: outputs must match token for token; sampling: they may differ
+    divergence: dict | None = None  # greedy outputs that differ: lossless.classify's verdict
 
     @property
     def lossless(self) -> bool | None:
-        return self.speculative.tokens == self.plain.tokens if self.exact else None
+        """Greedy: True when equal or a numerical tie (lossless.py); None when sampling."""
+        if not self.exact:
+            return None
+        return self.divergence is None or self.divergence["verdict"] == "tie"
 
     def to_dict(self) -> dict:
         return {
@@ -49,6 +54,7 @@ class PromptResult:
             "spec_tok_s": self.speculative.new_tokens / self.speculative.seconds,
             "mean_acceptance_length": self.acceptance.mean_acceptance_length,
             "lossless": self.lossless,
+            **({"divergence": self.divergence} if self.divergence else {}),
             **({"hf_generate_tok_s": self.peer[0] / self.peer[1]} if self.peer else {}),
         }
 
@@ -85,7 +91,7 @@ def score(
             _score_prompt(run, prompt, rotation=i, peer=peer)
             for i, prompt in enumerate(tqdm(prompts, desc="score", unit="prompt", disable=not progress))
         ]
-    return _summarise(results, k)
+    return _summarise(results, k, tie_tolerance(target))
 
 
 @dataclass
@@ -146,7 +152,11 @@ def _score_prompt(run: _Runner, prompt: torch.Tensor, rotation: int, peer: bool 
     names = list(methods)
     order = names[rotation % len(names):] + names[: rotation % len(names)]
     out = {name: methods[name]() for name in order}
-    return PromptResult(prompt.shape[-1], out["plain"], out["speculative"], stats, out.get("peer"), run.exact)
+    divergence = None
+    if run.exact and out["plain"].tokens != out["speculative"].tokens:
+        divergence = classify(run.target, prompt, out["plain"].tokens, out["speculative"].tokens)
+    return PromptResult(prompt.shape[-1], out["plain"], out["speculative"], stats, out.get("peer"), run.exact,
+                        divergence)
 
 
 def record(gen: Generation) -> RequestRecord:
@@ -154,7 +164,7 @@ def record(gen: Generation) -> RequestRecord:
                          gen.draft_seconds, gen.verify_seconds, gen.steps)
 
 
-def _summarise(results: list[PromptResult], k: int) -> dict:
+def _summarise(results: list[PromptResult], k: int, tolerance: float) -> dict:
     acceptance = AcceptanceStats(k)
     for result in results:
         acceptance.merge(result.acceptance)
@@ -170,7 +180,9 @@ def _summarise(results: list[PromptResult], k: int) -> dict:
     return {
         "acceptance": acceptance.to_dict(),
         "throughput": throughput,
-        "lossless": {"checked_prompts": len(checked), "mismatches": sum(not r.lossless for r in checked)},
+        "lossless": {"checked_prompts": len(checked), "mismatches": sum(not r.lossless for r in checked),
+                     "ties": sum(r.divergence is not None and r.lossless for r in checked),
+                     "tie_tolerance": tolerance},
         "timing": timing(spec_records),
         "conventions": acceptance_conventions(spec_records, k),
         "ci": bootstrap_ci(spec_records, plain_records),

@@ -94,7 +94,8 @@ def rope(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Te
 def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:  # x [B, h, S, dh]
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
-    return x * cos + rotated * sin
+    # The angles are fp32; the result stays in x's dtype (the speculator's own).
+    return (x * cos + rotated * sin).to(x.dtype)
 
 
 # --- attention with a prefix and per-row chains ---------------------------------------------

@@ -98,7 +98,7 @@ class MLPSpeculator(Speculator):
     @torch.no_grad()
     def propose(self, state: MLPState, pending: torch.Tensor, k: int):
         assert k <= self.config.n_predict, f"mlp speculator drafts at most {self.config.n_predict}"
-        s = state.hidden.float()
+        s = state.hidden.to(self.proj[0].weight.dtype)  # the dtype the speculator was handed
 
         def step(i: int, token: torch.Tensor) -> torch.Tensor:
             nonlocal s
@@ -112,7 +112,7 @@ class MLPSpeculator(Speculator):
         """paths [M, d] -> logits [M, N]: stages 0..d over [pending, paths[m]], as `propose` runs them."""
         M, d = paths.shape
         assert d < self.config.n_predict, f"mlp speculator drafts at most {self.config.n_predict}"
-        s, token = state.hidden.float().expand(M, -1), pending[:, 0].expand(M)  # [M, H], [M]
+        s, token = state.hidden.to(self.proj[0].weight.dtype).expand(M, -1), pending[:, 0].expand(M)  # [M, H], [M]
         for i in range(d + 1):
             s = self._stage(i, s, token)  # [M, d_inner]
             token = paths[:, i] if i < d else token

@@ -6,7 +6,8 @@
 2. Responses: the target answers each prompt greedily, so a speculator trained on them
    learns exactly the target's greedy behaviour (what lossless greedy decoding verifies).
 
-Both phases run batched `generate` calls with left padding.
+Both phases generate in batches (the lean runtime's batched generation, or transformers'
+`generate` with left padding on the hf runtime).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import GenerationConfig
 
+from speclab.speculator.runtime.generate import SamplingRule, generate_batch
 from speclab.speculator.target import FrozenTarget
 
 from .data_config import DataConfig
@@ -66,10 +68,22 @@ def _cut_at_end_of_turn(row: list[int], end_ids: set[int]) -> tuple[list[int], b
     return row, False
 
 
+def _continue(target: FrozenTarget, rows: list[list[int]], gen: GenerationConfig) -> list[list[int]]:
+    """New tokens per prompt: the lean runtime's batched generation (rows at their own
+    lengths, finished rows leave the batch), else transformers' generate with left padding."""
+    if target.lean is not None:
+        rule = SamplingRule(bool(gen.do_sample), float(gen.temperature or 1.0), int(gen.top_k or 0),
+                            float(gen.top_p if gen.top_p is not None else 1.0))
+        return generate_batch(target.lean, rows, gen.max_new_tokens, target.eos_token_ids, rule)
+    ids, mask = _left_pad(rows, _pad_id(target), target.device)
+    out = target.model.generate(input_ids=ids, attention_mask=mask, generation_config=gen)
+    return out[:, ids.shape[1]:].tolist()  # [b, new]
+
+
 @torch.no_grad()
 def generate_batched(target: FrozenTarget, prompts: list[list[int]], gen: GenerationConfig,
                      batch_size: int, desc: str = "generating", progress: bool = True) -> Generated:
-    """Continue every prompt with `target.model.generate`, `batch_size` at a time.
+    """Continue every prompt, `batch_size` at a time (see `_continue`).
 
     Prompts are batched in length order (less padding) and returned in input order.
     """
@@ -81,9 +95,7 @@ def generate_batched(target: FrozenTarget, prompts: list[list[int]], gen: Genera
     starts = range(0, len(order), batch_size)
     for start in tqdm(starts, desc=desc, unit="batch", disable=not progress, leave=False):
         idx = order[start : start + batch_size]
-        ids, mask = _left_pad([prompts[i] for i in idx], _pad_id(target), target.device)
-        out = target.model.generate(input_ids=ids, attention_mask=mask, generation_config=gen)
-        for i, row in zip(idx, out[:, ids.shape[1]:].tolist()):  # [b, new]
+        for i, row in zip(idx, _continue(target, [prompts[i] for i in idx], gen)):
             replies[i], finished[i] = _cut_at_end_of_turn(row, end_ids)
             new_tokens += len(replies[i])
     return Generated(replies, finished, new_tokens, time.perf_counter() - t0)

@@ -28,7 +28,7 @@ def test_score_oracle(target, prompts):
     speculator = scripted(OracleSpeculator, target, prompts, MAX_NEW + K).train()
     result = score(target, speculator, prompts, MAX_NEW, K, progress=False)
     assert speculator.training  # the caller's mode comes back
-    assert result["lossless"] == {"checked_prompts": 2, "mismatches": 0}
+    assert result["lossless"] == {"checked_prompts": 2, "mismatches": 0, "ties": 0, "tie_tolerance": 1e-3}
     acceptance = result["acceptance"]
     assert acceptance["k"] == K and acceptance["acceptance_rate"] == 1.0
     # Warm-up drafts are not counted: each prompt takes ceil((MAX_NEW - 1) / (K + 1)) steps.
@@ -50,8 +50,11 @@ def test_score_counts_mismatches(target, prompts, monkeypatch):
     monkeypatch.setattr(benchmark, "generate_speculative", corrupted)
     speculator = scripted(NeverSpeculator, target, prompts, MAX_NEW + K)
     result = score(target, speculator, prompts, MAX_NEW, K, progress=False)
-    assert result["lossless"] == {"checked_prompts": 2, "mismatches": 2}
+    assert result["lossless"] == {"checked_prompts": 2, "mismatches": 2, "ties": 0, "tie_tolerance": 1e-3}
     assert [row["lossless"] for row in result["per_prompt"]] == [False, False]
+    # The last token is off by one id: the target ranks it far below its own choice.
+    assert all(row["divergence"]["verdict"] == "mismatch" and row["divergence"]["gap"] > 1e-3
+               for row in result["per_prompt"])
 
 
 def test_score_reports_the_capped_k(target, prompts):
