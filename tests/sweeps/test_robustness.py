@@ -178,8 +178,9 @@ def test_quick_sweep_through_the_joblib_launcher(tmp_path):
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = [json.loads(p.read_text()) for p in runs.rglob("result.json")]
-    assert sorted((r["speculator"]["family"], r["status"]) for r in results) == [
-        ("draft_lm", "completed"), ("mlp", "completed")], [r.get("error") for r in results]
+    learned = sorted((r["speculator"]["family"], r["status"]) for r in results
+                     if r["speculator"]["family"] in ("mlp", "draft_lm"))  # beside the training-free baselines
+    assert learned == [("draft_lm", "completed"), ("mlp", "completed")], [r.get("error") for r in results]
 
 
 # --- 3. concurrent cache builds: one writer, the other reuses, every row right ----------------
