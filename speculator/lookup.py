@@ -22,6 +22,7 @@ chain always carries them; they cost verification width, never correctness.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,20 +93,17 @@ class TrainingFree(Speculator):
         return state.tokens[-self.window():] + [int(pending)] + path
 
     def propose(self, state: Any, pending: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        context, tokens, rows = self.context(state, pending, []), [], []
+        context, guesses = self.context(state, pending, []), []
         for _ in range(k):
-            guess = self.guess_with_fallback(state, context)
-            tokens.append(guess.ranked[0][0])
-            rows.append(self.logits_row(guess))
-            context.append(tokens[-1])
-        drafts = torch.tensor([tokens], dtype=torch.long, device=pending.device)  # [1, k]
-        return drafts, torch.stack(rows)[None].to(pending.device)  # [1, k], [1, k, V]
+            guesses.append(self.guess_with_fallback(state, context))
+            context.append(guesses[-1].ranked[0][0])
+        drafts = torch.tensor([context[len(context) - k:]], dtype=torch.long, device=pending.device)  # [1, k]
+        return drafts, self.logits(guesses, pending.device)[None]  # [1, k], [1, k, V]
 
     def extend(self, state: Any, pending: torch.Tensor, paths: torch.Tensor) -> torch.Tensor:
         """paths [M, d] -> logits [M, V]: the candidates after [pending, paths[m]]."""
-        rows = [self.logits_row(self.guess_with_fallback(state, self.context(state, pending, path)))
-                for path in paths.tolist()]
-        return torch.stack(rows).to(pending.device) if rows else torch.empty(0, self.vocab.size, device=pending.device)
+        guesses = [self.guess_with_fallback(state, self.context(state, pending, path)) for path in paths.tolist()]
+        return self.logits(guesses, pending.device)
 
     def guess_with_fallback(self, state: Any, context: list[int]) -> Guess:
         """The family's guess; with none, repeating the last token (a cheap guess that is
@@ -113,10 +111,15 @@ class TrainingFree(Speculator):
         guess = self.candidates(state, context)
         return guess if guess.ranked else Guess([(context[-1], 1.0)], confident=False)
 
-    def logits_row(self, guess: Guess) -> torch.Tensor:  # [V]
-        row = torch.full((self.vocab.size,), FLOOR)
-        tokens = torch.tensor([t for t, _ in guess.ranked], dtype=torch.long)
-        probs = torch.tensor([p for _, p in guess.ranked])
-        # Not confident: just above the floor, in the same order (p in (0, 1]).
-        row[tokens] = probs.log() if guess.confident else FLOOR + 1.0 + probs
-        return row
+    def logits(self, guesses: list[Guess], device: torch.device) -> torch.Tensor:  # [n, V]
+        """One row per guess, built with one allocation (the rows are vocabulary-wide)."""
+        rows, tokens, values = [], [], []
+        for i, guess in enumerate(guesses):
+            for token, p in guess.ranked:
+                rows.append(i)
+                tokens.append(token)
+                # Not confident: just above the floor, in the same order (p in (0, 1]).
+                values.append(math.log(p) if guess.confident else FLOOR + 1.0 + p)
+        out = torch.full((len(guesses), self.vocab.size), FLOOR)
+        out[rows, tokens] = torch.tensor(values)
+        return out.to(device)

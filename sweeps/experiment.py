@@ -203,21 +203,24 @@ def trained(cfg: DictConfig, run_dir: Path, result: dict) -> tuple[FrozenTarget,
 
 
 def untrained(cfg: DictConfig, run_dir: Path, result: dict) -> tuple[FrozenTarget, Speculator, list[dict]]:
-    """A training-free family: nothing to train. The data is still built (or read
-    from the sweep's cache) because its held-out prompts are part of the eval set, the same
-    prompts the learned runs are scored on."""
+    """A training-free family: nothing to train. The data (the last training stage's, as
+    for a learned run) is still built, or read from the sweep's cache, when the eval set takes
+    held-out prompts from it: the same prompts the learned runs are scored on."""
     target: FrozenTarget = instantiate(cfg.target)
-    data = build_data(cfg, target)
+    heldout = []
+    if cfg.eval.heldout_prompts:
+        last = stage_configs(cfg.training)[-1]
+        data = build_data(cfg, target, stage_data(OmegaConf.to_container(cfg.data, resolve=True), last))
+        heldout, result["data"] = data.heldout, {**data.stats, "feature_bytes_per_token": None}
     speculator = new_speculator(cfg, target, None)
     result["speculator"] = {"family": speculator.family, "params": speculator.num_params()}
-    result["data"] = {**data.stats, "feature_bytes_per_token": None}
     result["train"] = {"steps": 0, "tokens": 0, "wall_s": 0.0, "final_loss": None, "restarts": 0, "rollbacks": 0}
     # Saved like a trained one (its config, no tensors), so the best run can be exported
     # whatever it is: a serving engine runs the drafting method with these settings.
     speculator.save(run_dir / SPECULATOR_DIR, extra={"target_config": OmegaConf.to_container(cfg.target, resolve=True)})
     result["checkpoint"] = str(SPECULATOR_DIR)
     result["final_weights_sha256"] = weights_sha256(speculator.state_dict())
-    return target, speculator, data.heldout
+    return target, speculator, heldout
 
 
 def _inside(path: Path, root: str) -> bool:
