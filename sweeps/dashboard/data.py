@@ -150,7 +150,9 @@ def _status(job: Path) -> str:
         except (OSError, ValueError):
             return "failed"
         return "completed" if result_problem(result) is None and result["status"] == "completed" else "failed"
-    return "resumed" if (job / RESUMED_FILE).is_file() else "running"
+    if (job / RESUMED_FILE).is_file():
+        return "resumed"
+    return "failed" if gone(job) else "running"  # a dead job will never finish: it counts as failed
 
 
 def thin(values: list) -> list[list[float]]:

@@ -447,8 +447,11 @@ def test_a_run_whose_process_is_gone_shows_as_dead(tmp_path):
     for name, pid in (("dead", int(ended.stdout)), ("alive", os.getpid())):
         (tmp_path / name / ".hydra").mkdir(parents=True)
         (tmp_path / name / "process.json").write_text(json.dumps({"pid": pid, "host": socket.gethostname()}))
-    status = {r["run_dir"]: r["status"] for r in data.state(tmp_path)["runs"]}
-    assert status == {"dead": "dead", "alive": "running"}  # before: both "running", forever
+    (tmp_path / "multirun.yaml").write_text("hydra: {}\n")  # the two as one sweep's jobs
+    state = data.state(tmp_path)
+    assert {r["run_dir"]: r["status"] for r in state["runs"]} == {"dead": "dead", "alive": "running"}  # before: both running
+    (sweep,) = state["sweeps"]
+    assert (sweep["running"], sweep["failed"]) == (1, 1)
 
 
 # --- 10. the dashboard answers only requests for itself, and drops idle clients -----------------
