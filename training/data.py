@@ -71,8 +71,9 @@ def build_dataset(target: FrozenTarget, cfg: DataConfig, cache_dir: Path | None 
     final = root / fingerprint
     cached = read_bundle(final, fingerprint)
     if cached is not None and _covers(cached[2], cfg):
-        log.info("data %s loaded from cache %s", fingerprint, final)
-        return _select(*cached, cfg, fingerprint, final, from_cache=True)
+        bundle = _select(*cached, cfg, fingerprint, final, from_cache=True)
+        log.info("data %s loaded from cache %s: %s", fingerprint, final, bundle.stats.get("cache"))
+        return bundle
     with build_lock(final):  # a second writer waits here, then reuses (or extends) the first one's bundle
         cached = read_bundle(final, fingerprint)
         if cached is not None and _covers(cached[2], cfg):
