@@ -57,6 +57,8 @@ def _allowed_types(hint) -> tuple | None:
     """The JSON scalar types a parameter annotated `hint` accepts (None: not a plain-data parameter)."""
     if hint in _SCALARS:
         return (int, float) if hint is float else (hint,)  # a float field takes a whole number too
+    if typing.get_origin(hint) is typing.Literal:  # membership is checked by _literal_ok
+        return tuple({type(arg) for arg in typing.get_args(hint)})
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         parts = [_allowed_types(arg) for arg in typing.get_args(hint)]
         return None if None in parts else tuple(t for part in parts for t in part)
@@ -101,6 +103,9 @@ def parse_target_spec(raw: Any, source: str = "target_config") -> TargetSpec:
         if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
             raise TargetSpecError(f"{source}: refusing target config key {key!r}: {json.dumps(value)[:80]} is not "
                                   f"a {' or '.join(t.__name__ for t in allowed)}")
+        if typing.get_origin(hints[key]) is typing.Literal and value not in typing.get_args(hints[key]):
+            raise TargetSpecError(f"{source}: refusing target config key {key!r}: {value!r} is not one of "
+                                  f"{list(typing.get_args(hints[key]))}")
         if isinstance(value, str) and "${" in value:
             raise TargetSpecError(f"{source}: refusing target config key {key!r}: interpolations (${{...}}) "
                                   "are not allowed in a recorded target")

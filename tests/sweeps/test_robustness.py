@@ -578,3 +578,20 @@ def test_an_early_spike_cannot_poison_the_baseline():
     got = [t for step, loss in enumerate(losses, 1) if (t := detector.update(step, loss))]
     assert got and (got[0].step, got[0].onset) == (9, 7)
     assert max(detector.window) < 5  # none of the spiky losses entered the baseline
+
+
+def test_a_literal_builder_argument_takes_only_its_values(monkeypatch):
+    from typing import Literal
+
+    import speclab.speculator.targets as targets
+    from speclab.speculator.target import FrozenTarget
+
+    def pick(mode: Literal["a", "b"] = "a") -> FrozenTarget:
+        return mode
+
+    pick.__module__ = targets.__name__
+    monkeypatch.setattr(targets, "pick", pick, raising=False)
+    builder = "speclab.speculator.targets.pick"
+    assert parse_target_spec({"_target_": builder, "mode": "b"}).build() == "b"
+    with pytest.raises(TargetSpecError, match="not one of"):
+        parse_target_spec({"_target_": builder, "mode": "c"})
