@@ -37,6 +37,10 @@ class StageConfig:
 def stage_configs(training_cfg) -> list[StageConfig]:
     """The run's stages; no `training.stages` (or an empty list) is one stage on the run's data."""
     stages = training_cfg.get("stages") or [{}]
+    known = set(StageConfig.__dataclass_fields__)
+    for i, s in enumerate(stages):
+        if set(s) - known:
+            raise ValueError(f"training.stages[{i}]: unknown keys {sorted(set(s) - known)}; a stage has {sorted(known)}")
     return [StageConfig(**dict(s)) for s in stages]
 
 

@@ -6,8 +6,10 @@ micro-batches of 4 per step, a checkpoint every 4 steps and at the boundary (ste
 """
 
 import pytest
+from omegaconf import OmegaConf
 
 from speclab.training.fault_matrix import run_tiny, tiny_config
+from speclab.training.stages import stage_configs, stage_data
 
 STAGES = "training.stages=[{data:{num_prompts:24,seed:7},max_steps:6},{max_steps:6}]"
 COMMON = ["training.max_steps=12", "training.accumulate_grad_batches=2", "training.checkpoint_every_n_steps=4",
@@ -67,3 +69,10 @@ def test_a_spike_in_stage_two_rolls_back_inside_it(runs):
     assert 6 <= first["target"] < first["onset"] == 9
     # the skipped window is in stage 2's epochs (numbered from 10,000): stage 1's data is untouched
     assert first["skip"] and all(epoch >= 10_000 for epoch, _, _ in first["skip"])
+
+
+def test_a_misspelt_stage_key_is_named():
+    with pytest.raises(ValueError, match=r"training.stages\[1\]: unknown keys \['epoch'\]"):
+        stage_configs(OmegaConf.create({"stages": [{}, {"epoch": 2}]}))
+    with pytest.raises(ValueError, match=r"data keys \['sorce'\]"):
+        stage_data({"source": "self_distill"}, stage_configs(OmegaConf.create({"stages": [{"data": {"sorce": "x"}}]}))[0])
