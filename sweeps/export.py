@@ -43,7 +43,8 @@ def export_best(runs_dir: str | Path, out_dir: str | Path, metric: str = "speedu
     def fill(tmp: Path) -> None:
         layout, refused = write_layout(tmp, speculator, ctx)  # eagle3: speculators, mlp: mlp_speculator, ...
         shutil.copy2(run_dir / RESULT_FILE, tmp / RESULT_FILE)  # byte for byte, as measured
-        (tmp / MODEL_CARD).write_text(model_card(row["result"], metric, meta.get("target_config"), layout, refused))
+        (tmp / MODEL_CARD).write_text(model_card(row["result"], metric, meta.get("target_config"), layout, refused,
+                                                 ctx.scored_with))
         write_json_atomic(tmp / EXPORT_MANIFEST, {
             "run_id": row["run_id"],
             "source_run_dir": str(run_dir.resolve()),
@@ -169,10 +170,13 @@ LAYOUT_FILES = {
 
 
 def model_card(result: dict, metric: str, target_config: dict | None, layout: str = "speclab",
-               refused: list[str] = ()) -> str:
+               refused: list[str] = (), scored: dict | None = None) -> str:
     """A short README.md with the run's measured figures."""
     files = f"Layout `{layout}`: {LAYOUT_FILES.get(layout, layout)}. Also `result.json` (the run's full " \
             "record) and `export.json` (where it came from)."
+    if scored:
+        how = f"a chain of k = {scored['k']}" if scored["method"] == "chain" else f"a tree {json.dumps(scored['tree'])}"
+        files = f"Scored with {how}.\n\n" + files
     if refused:
         files += "\n\nNot written in its engine's layout, because: " + "; ".join(refused) + "."
     costs = [f"- {key}: {format_number(value, '.3g')}" for key, value in sorted((result.get("throughput") or {}).items())

@@ -105,6 +105,7 @@ def test_the_export_records_the_tree_it_was_scored_with(tmp_path, target):
     assert json.loads((out / "export.json").read_text())["scored_with"] == scored
     proposal = json.loads((out / "config.json").read_text())["speculators_config"]["proposal_methods"][0]
     assert proposal["speculative_tokens"] == 3  # speculators has only greedy chains: the tree's depth
+    assert 'Scored with a tree {"shape": "dynamic", "depth": 3' in (out / "README.md").read_text()
 
 
 def test_eagle3_on_a_target_too_shallow_for_vllm_falls_back_with_the_reason(tmp_path, caplog):
