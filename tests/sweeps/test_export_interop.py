@@ -61,7 +61,7 @@ def test_a_narrower_eagle3_is_shaped_for_vllm_but_speculators_cannot_load_it(tmp
     _, out = exported(tmp_path, target, "eagle3")  # D = 32 < H = 64
     assert json.loads((out / "config.json").read_text())["target_hidden_size"] == target.hidden_size
     assert tensor_names(out)["fc.weight"].shape == (32, 3 * target.hidden_size)
-    with pytest.raises((RuntimeError, ValueError), match="size|hidden"):
+    with pytest.raises(RuntimeError, match="ignore_mismatched_sizes"):  # fc: checkpoint [32, 192], model [32, 96]
         load_in_speculators(out)
 
 
