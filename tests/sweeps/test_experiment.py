@@ -3,6 +3,7 @@
 import gc
 
 import pytest
+from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from speclab.speculator.target import FrozenTarget
@@ -35,3 +36,26 @@ def test_the_parent_drops_its_target_while_the_child_trains(tmp_path, monkeypatc
     assert result["status"] == "completed" and result["lossless"]["mismatches"] == 0
     assert during == [before]  # no target of this run alive in the parent during training
     assert live_targets() == before  # nor after scoring
+
+
+@pytest.mark.parametrize("family", ["ngram", "suffix"])
+def test_a_training_free_family_is_scored_without_training(tmp_path, monkeypatch, family):
+    monkeypatch.setenv("SPECLAB_CACHE", str(tmp_path / "cache"))
+    with initialize_config_module(config_module="speclab.configs", version_base=None):
+        cfg = compose("config", overrides=[
+            "target=tiny", "training=smoke", f"speculator={family}", "threads=1", "wandb.mode=disabled",
+            "data.num_prompts=8", "data.max_response_tokens=16", "data.heldout_size=1", "eval.max_new_tokens=4",
+            "eval.humaneval_prompts=1", "eval.heldout_prompts=1", "eval.method.select=fixed",
+            f"runs_dir={tmp_path / 'runs'}"])
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a training-free family must not train")
+
+    monkeypatch.setattr(experiment, "supervise", no_training)
+    run_dir = tmp_path / "runs" / family
+    run_dir.mkdir(parents=True)
+    result = experiment.run_experiment(cfg, run_dir)
+    assert result["status"] == "completed" and result["speculator"] == {"family": family, "params": 0}
+    assert result["train"]["steps"] == 0
+    assert result["lossless"]["checked_prompts"] == 2 and result["lossless"]["mismatches"] == 0
+    assert (run_dir / result["checkpoint"] / "config.json").is_file()  # exportable like any run
