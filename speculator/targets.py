@@ -14,10 +14,12 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import Literal
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+from .cache_lock import build_lock, publish_dir, work_dir_for
 from .dtype_choice import measured_dtype
 from .target import FrozenTarget
 from .tiny_tokenizer import build_tiny_tokenizer
@@ -118,13 +120,12 @@ def convert_gguf(gguf: Path, out_dir: Path) -> None:
     if missing or unexpected:
         raise RuntimeError(f"GGUF conversion mismatch: missing={missing} unexpected={unexpected}")
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = work_dir_for(out_dir)  # private to this writer; published by one rename
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     (tmp / COMPLETE_MARKER).write_text(json.dumps({"source": gguf.name, "seconds": time.time() - t0}))
-    shutil.rmtree(out_dir, ignore_errors=True)
-    os.replace(tmp, out_dir)
+    shutil.rmtree(out_dir, ignore_errors=True)  # a damaged earlier copy (no COMPLETE marker)
+    publish_dir(tmp, out_dir)
     log.info("converted %s in %.1fs -> %s", gguf.name, time.time() - t0, out_dir)
 
 
@@ -132,11 +133,13 @@ def converted_smollm2_dir() -> Path:
     gguf = smollm2_gguf_path()
     out = cache_root() / "targets" / f"smollm2-135m-instruct-{_file_fingerprint(gguf)}"
     if not (out / COMPLETE_MARKER).is_file():
-        convert_gguf(gguf, out)
+        with build_lock(out):  # a second run waits for the first one's conversion, then reuses it
+            if not (out / COMPLETE_MARKER).is_file():
+                convert_gguf(gguf, out)
     return out
 
 
-def smollm2_from_gguf(dtype: str = "auto", device: str = "cpu", runtime: str = "lean") -> FrozenTarget:
+def smollm2_from_gguf(dtype: str = "auto", device: str = "cpu", runtime: Literal["lean", "hf"] = "lean") -> FrozenTarget:
     out = converted_smollm2_dir()
     try:
         model = AutoModelForCausalLM.from_pretrained(out)
@@ -163,7 +166,7 @@ def tiny_llama(
     seed: int = 0,
     dtype: str = "fp32",
     device: str = "cpu",
-    runtime: str = "lean",
+    runtime: Literal["lean", "hf"] = "lean",
 ) -> FrozenTarget:
     """A small random Llama on a small byte-level BPE tokenizer, identical for a seed.
 
@@ -196,7 +199,7 @@ def tiny_llama(
 
 
 def hf_causal_lm(name_or_path: str | None = None, dtype: str = "auto", device: str = "cpu",
-                 runtime: str = "lean") -> FrozenTarget:
+                 runtime: Literal["lean", "hf"] = "lean") -> FrozenTarget:
     if not name_or_path:
         raise ValueError("target=hf needs target.name_or_path=<hub id or local directory>")
     # Loaded in fp32 when the dtype is to be measured: _finish then casts to the winner.

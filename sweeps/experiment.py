@@ -155,6 +155,10 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict:
         else:
             target, speculator, heldout = trained(cfg, run_dir, result)
         scored = evaluate(cfg, target, speculator, eval_prompts(cfg, heldout))
+        # What ran: the runtime (lean/native, lean/torch or hf) and how `dtype: auto` chose.
+        result["target"] = {"name": target.name, "runtime": target.runtime,
+                            "dtype": str(target.dtype).removeprefix("torch."),
+                            "dtype_choice": getattr(target, "dtype_choice", None)}
         result.update({key: scored[key] for key in ("acceptance", "throughput", "lossless", "timing", "ci", "method")
                        if key in scored})
         result["eval"] = {"per_prompt": scored.get("per_prompt"), "k": cfg.eval.k,
@@ -162,7 +166,8 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict:
         log_final(run_dir, cfg, result)  # measured acceptance + speedup into the wandb run (offline by default)
         mismatches = result["lossless"]["mismatches"]
         if mismatches:
-            raise RuntimeError(f"lossless check failed: {mismatches} prompt(s) differ from plain greedy decoding")
+            raise RuntimeError(f"lossless check failed: {mismatches} prompt(s) differ from plain greedy decoding "
+                               "beyond a numerical tie (eval/lossless.py)")
         result["status"] = "completed"
     except BaseException as exc:
         result["status"], result["error"] = "failed", one_line_error(exc)

@@ -26,7 +26,7 @@ import datasets
 from speclab.speculator.target import FrozenTarget
 from speclab.speculator.targets import cache_root
 
-from .cache_lock import build_lock
+from speclab.speculator.cache_lock import build_lock
 from .data_cache import (bundle_bytes, data_fingerprint, new_work_dir, publish, read_bundle, replace_bundle,
                          write_bundle)
 from .data_config import SOURCES, DataConfig

@@ -1,0 +1,186 @@
+"""The target runtime's speed against the memory-bandwidth bound and against transformers.
+
+    python -m speclab.eval.runtime_bench [--dtypes fp32 bf16] [--widths 1 2 3 5 8 16 32 64]
+                                         [--batches 8 16 32] [--json OUT]
+
+On the embedded SmolLM2 target, in one process (so machine noise hits every method alike):
+- the machine's read bandwidth (a large fp32 sum) and the bound it puts on one decode step
+  (the bytes of weights a step must read / bandwidth);
+- ms per pass of 1 token (decode) and of 2..64 tokens (verification) at a 256-token
+  context: the lean runtime, the transformers path behind FrozenTarget, and transformers'
+  own `generate` (ms per generated token, 1-token steps only);
+- batched generation (self-distillation) tok/s at several batch sizes: the lean runtime's
+  batched generation against transformers' `generate` with left padding, on chat prompts.
+Each timing is the median of several repetitions, methods interleaved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from transformers import DynamicCache, GenerationConfig
+
+CONTEXT, REPEATS = 256, 7
+
+
+def machine() -> dict:
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
+    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
+    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+    return {"cpu": name, "isa": isa, "threads": torch.get_num_threads(), "load_avg": os.getloadavg()[0]}
+
+
+def read_bandwidth_gb_s(megabytes: int = 1024) -> float:
+    x = torch.ones(megabytes * (1 << 20) // 4)
+    x.sum()
+    best = min(_timed(lambda: x.sum()) for _ in range(5))
+    return x.numel() * 4 / best / 1e9
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def weight_bytes(target) -> int:
+    """Bytes one decode step must read: every layer's weights and the LM head (the embedding
+    row lookup is negligible)."""
+    model = target.model
+    per_layer = sum(p.numel() * p.element_size() for p in model.model.layers.parameters())
+    return per_layer + model.lm_head.weight.numel() * model.lm_head.weight.element_size()
+
+
+def _ids(n: int, vocab: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, vocab, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+def pass_ms(target, widths: list[int], runtime: str) -> dict[int, float]:
+    """Median ms of one pass of T new tokens at CONTEXT cached tokens, per T."""
+    prompt = _ids(CONTEXT, target.vocab_size, 0)
+    if runtime == "lean":
+        cache = target.lean.new_cache(max_len=CONTEXT + max(widths))
+        target.lean.forward(prompt, cache, logits_for="none")
+    else:
+        cache = DynamicCache(config=target.model.config)
+        target.model(prompt, cache=cache)
+    out = {}
+    for T in widths:
+        x = _ids(T, target.vocab_size, T)
+        times = []
+        for _ in range(REPEATS):
+            if runtime == "lean":
+                times.append(_timed(lambda: target.lean.forward(x, cache, logits_for="all")))
+                cache.rollback(T)
+            else:
+                times.append(_timed(lambda: target.model(x, cache=cache)))
+                cache.crop(-T)
+        out[T] = statistics.median(times) * 1e3
+    return out
+
+
+def generate_ms_per_token(target, new_tokens: int = 64) -> float:
+    prompt = _ids(CONTEXT, target.vocab_size, 1)
+    config = GenerationConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                              pad_token_id=0)
+    target.model.generate(prompt, attention_mask=torch.ones_like(prompt),
+                          generation_config=GenerationConfig(max_new_tokens=4, do_sample=False, pad_token_id=0))
+    prefill = min(_timed(lambda: target.model(prompt)) for _ in range(2))
+    total = min(_timed(lambda: target.model.generate(prompt, attention_mask=torch.ones_like(prompt),
+                                                      generation_config=config)) for _ in range(2))
+    return (total - prefill) / (new_tokens - 1) * 1e3
+
+
+def chat_prompts(target, n: int) -> list[list[int]]:
+    from speclab.training.data_tokenize import prompt_ids
+
+    topics = ["sorting a list", "a haiku about rain", "the capital of France", "binary search", "photosynthesis",
+              "a polite email", "prime numbers", "unit tests in Python"]
+    return [prompt_ids(target.tokenizer, [{"role": "user", "content": f"Tell me about {topics[i % len(topics)]} ({i})."}])
+            for i in range(n)]
+
+
+def batched_tok_s(target, batch: int, new_tokens: int = 64) -> dict[str, float]:
+    """Generated tok/s of greedy batched generation: lean vs transformers' generate."""
+    from speclab.speculator.runtime.generate import generate_batch
+    from speclab.training.self_distill import _left_pad, _pad_id
+
+    prompts = chat_prompts(target, batch)
+    never = {-1}  # no stop token: every row generates new_tokens, the work is equal
+    start = time.perf_counter()
+    out = generate_batch(target.lean, prompts, new_tokens, never)
+    lean = sum(map(len, out)) / (time.perf_counter() - start)
+    ids, mask = _left_pad(prompts, _pad_id(target), target.device)
+    config = GenerationConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                              pad_token_id=_pad_id(target))
+    start = time.perf_counter()
+    hf_out = target.model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+    hf = (hf_out.shape[1] - ids.shape[1]) * batch / (time.perf_counter() - start)
+    return {"lean_tok_s": lean, "hf_generate_tok_s": hf, "ratio": lean / hf}
+
+
+def run(dtypes: list[str], widths: list[int], batches: list[int]) -> dict:
+    from speclab.speculator.targets import smollm2_from_gguf
+
+    report = {"machine": machine(), "context": CONTEXT, "read_bandwidth_gb_s": read_bandwidth_gb_s(), "dtypes": {}}
+    for dtype in dtypes:
+        target = smollm2_from_gguf(dtype=dtype)
+        nbytes = weight_bytes(target)
+        lean, hf = pass_ms(target, widths, "lean"), pass_ms(target, widths, "hf")
+        entry = {
+            "weight_mb": nbytes / 1e6,
+            "bound_ms": nbytes / (report["read_bandwidth_gb_s"] * 1e9) * 1e3,
+            "lean_ms": lean, "hf_path_ms": hf, "hf_generate_ms_per_token": generate_ms_per_token(target),
+            "runtime": target.runtime,
+            "batched": {b: batched_tok_s(target, b) for b in batches},
+        }
+        entry["lean_vs_bound"] = lean[1] / entry["bound_ms"]
+        entry["lean_vs_hf_generate"] = entry["hf_generate_ms_per_token"] / lean[1]
+        report["dtypes"][dtype] = entry
+        del target
+    report["machine"]["load_avg_end"] = os.getloadavg()[0]
+    return report
+
+
+def print_report(report: dict) -> None:
+    m = report["machine"]
+    print(f"{m['cpu']} ({', '.join(m['isa'])}), {m['threads']} threads, load {m['load_avg']:.2f} -> "
+          f"{m['load_avg_end']:.2f}; read bandwidth {report['read_bandwidth_gb_s']:.1f} GB/s; context {report['context']}")
+    for dtype, e in report["dtypes"].items():
+        print(f"\n{dtype} ({e['runtime']}): {e['weight_mb']:.0f} MB of weights per step, bound {e['bound_ms']:.2f} ms; "
+              f"lean 1-token {e['lean_ms'][1]:.2f} ms = {e['lean_vs_bound']:.2f}x the bound; "
+              f"transformers generate {e['hf_generate_ms_per_token']:.2f} ms/token "
+              f"(lean {e['lean_vs_hf_generate']:.2f}x faster)")
+        print(f"{'tokens per pass':>16} " + " ".join(f"{T:>7}" for T in e["lean_ms"]))
+        print(f"{'lean ms':>16} " + " ".join(f"{v:7.2f}" for v in e["lean_ms"].values()))
+        print(f"{'transformers ms':>16} " + " ".join(f"{v:7.2f}" for v in e["hf_path_ms"].values()))
+        for b, r in e["batched"].items():
+            print(f"batched generation, batch {b}: lean {r['lean_tok_s']:.0f} tok/s, transformers generate "
+                  f"{r['hf_generate_tok_s']:.0f} tok/s ({r['ratio']:.1f}x)")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    parser.add_argument("--widths", nargs="+", type=int, default=[1, 2, 3, 5, 8, 16, 32, 64])
+    parser.add_argument("--batches", nargs="+", type=int, default=[8, 16, 32])
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the report here")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    report = run(args.dtypes, sorted(set(args.widths) | {1}), args.batches)
+    print_report(report)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
