@@ -1,5 +1,7 @@
 """What every speculator family shares: the target it drafts for, the training and
-inference interfaces, the registry, and safetensors + JSON persistence.
+inference interfaces, and saving to safetensors + JSON. The registry of families (and
+building or loading one by name) is speculator/families.py, which imports this module;
+this module imports no family.
 
 Alignment convention for training. `draft_logits(features)[b, p, t]` is the draft's
 guess, made from the context the target had at position t, of the target's next-token
@@ -29,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 import torch
-from safetensors.torch import load_model, save_model
+from safetensors.torch import save_model
 from torch import nn
 
 from .vocab import DraftVocab
@@ -236,63 +238,6 @@ class Speculator(nn.Module):
                 "target": self.target_info.to_json(), "params": self.num_params(), **(extra or {})}
         (out / "config.json").write_text(json.dumps(meta, indent=2))
         return out
-
-
-REGISTRY: dict[str, type[Speculator]] = {}
-
-
-def register(cls: type[Speculator]) -> type[Speculator]:
-    REGISTRY[cls.family] = cls
-    return cls
-
-
-def build_config(family: str, params: dict) -> Any:
-    cls = speculator_class(family)
-    names = {f.name for f in dataclasses.fields(cls.Config)}
-    unknown = sorted(set(params) - names)
-    if unknown:
-        raise ValueError(f"unknown {family} speculator option(s) {unknown}; valid: {sorted(names)}")
-    return cls.Config(**params)
-
-
-def speculator_class(family: str) -> type[Speculator]:
-    from . import families  # noqa: F401  (fills the registry)
-
-    if family not in REGISTRY:
-        raise ValueError(f"unknown speculator family {family!r}; valid: {sorted(REGISTRY)}")
-    return REGISTRY[family]
-
-
-def build_speculator(family: str, params: dict, target: TargetInfo) -> Speculator:
-    return speculator_class(family)(build_config(family, params), target)
-
-
-def load_speculator(path: str | Path, target: TargetInfo | None = None) -> Speculator:
-    """Load a saved speculator directory (safetensors + config.json; never a pickle)."""
-    path = Path(path)
-    cfg_file, weights = path / "config.json", path / "model.safetensors"
-    if not cfg_file.is_file() or not weights.is_file():
-        raise FileNotFoundError(f"{path} is not a speculator checkpoint: needs config.json and model.safetensors")
-    try:
-        meta = json.loads(cfg_file.read_text())
-        saved = TargetInfo(**meta["target"])
-    except Exception as exc:
-        raise ValueError(f"corrupt speculator checkpoint {path}: config.json: {exc}") from exc
-    if target is not None and (target.vocab_size, target.hidden_size) != (saved.vocab_size, saved.hidden_size):
-        raise ValueError(f"{path} was trained for target {saved.name} "
-                         f"(vocab {saved.vocab_size}, hidden {saved.hidden_size}), not {target.name}")
-    # Built from the saved description (no embedding): the weights overwrite any init.
-    needs = speculator_class(meta["family"]).target_tensors
-    if needs and target is None:
-        raise ValueError(f"{path}: a {meta['family']} speculator drafts through its target's frozen "
-                         f"{', '.join(needs)}; pass the live target: load_speculator(path, TargetInfo.of(target))")
-    saved = dataclasses.replace(saved, **{name: getattr(target, name) for name in needs})
-    model = build_speculator(meta["family"], meta["config"], saved)
-    try:
-        load_model(model, str(weights), device=str(target_device(target)))
-    except Exception as exc:
-        raise ValueError(f"corrupt speculator checkpoint {path}: {exc}") from exc
-    return model.eval()
 
 
 def target_device(target: TargetInfo | None) -> torch.device:

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache, LlamaConfig, LlamaModel
 
-from .base import Features, Speculator, TargetInfo, register
+from .base import Features, Speculator, TargetInfo
 
 
 @dataclass
@@ -43,7 +43,6 @@ class DraftLMState:
     drafted: int = 0  # k of the last proposal
 
 
-@register
 class DraftLM(Speculator):
     family = "draft_lm"
     Config = DraftLMConfig

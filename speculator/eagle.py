@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Features, Objective, TargetInfo, register
+from .base import Features, Objective, TargetInfo
 from .feature_ar import FeatureAutoregressive
 from .layers import DecoderLayer, FrozenTargetTensor, maybe_proj
 
@@ -49,7 +49,6 @@ class EagleConfig:
     """Draft only the N most frequent assistant tokens of the training data (0: all)."""
 
 
-@register
 class EagleSpeculator(FeatureAutoregressive):
     family = "eagle"
     Config = EagleConfig

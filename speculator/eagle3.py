@@ -32,7 +32,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from .base import TargetInfo, register
+from .base import TargetInfo
 from .feature_ar import FeatureAutoregressive
 from .layers import DecoderLayer, FusedInputLayer, embedding_from_target
 
@@ -74,7 +74,6 @@ class Eagle3Config:
     """Draft only the N most frequent assistant tokens of the training data (0: all)."""
 
 
-@register
 class Eagle3Speculator(FeatureAutoregressive):
     family = "eagle3"
     Config = Eagle3Config

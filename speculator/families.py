@@ -1,3 +1,81 @@
-"""Imports every family module so that each registers itself."""
+"""The registry: every speculator family by name, and building or loading one by name.
 
-from . import draft_lm, eagle, eagle3, hybrid, hydra, lstm, medusa, mlp, ngram, suffix  # noqa: F401
+The table below is the registry, written out: a family is registered by importing its
+class here and adding it to `REGISTRY`. Family modules import `base` (the interfaces),
+never this module at import time, and `base` imports no family, so nothing imports in a
+circle. (hybrid.py looks its learned part up here inside a function: it is listed here.)
+`configs/speculator/<name>.yaml` maps one-to-one onto this table (tests/speculator).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from safetensors.torch import load_model
+
+from .base import Speculator, TargetInfo, target_device
+from .draft_lm import DraftLM
+from .eagle import EagleSpeculator
+from .eagle3 import Eagle3Speculator
+from .hybrid import HybridSpeculator
+from .hydra import HydraSpeculator
+from .lstm import LSTMSpeculator
+from .medusa import MedusaSpeculator
+from .mlp import MLPSpeculator
+from .ngram import NgramSpeculator
+from .suffix import SuffixSpeculator
+
+REGISTRY: dict[str, type[Speculator]] = {cls.family: cls for cls in (
+    DraftLM, EagleSpeculator, Eagle3Speculator, HybridSpeculator, HydraSpeculator,
+    LSTMSpeculator, MedusaSpeculator, MLPSpeculator, NgramSpeculator, SuffixSpeculator,
+)}
+
+
+def speculator_class(family: str) -> type[Speculator]:
+    if family not in REGISTRY:
+        raise ValueError(f"unknown speculator family {family!r}; valid: {sorted(REGISTRY)}")
+    return REGISTRY[family]
+
+
+def build_config(family: str, params: dict) -> Any:
+    cls = speculator_class(family)
+    names = {f.name for f in dataclasses.fields(cls.Config)}
+    unknown = sorted(set(params) - names)
+    if unknown:
+        raise ValueError(f"unknown {family} speculator option(s) {unknown}; valid: {sorted(names)}")
+    return cls.Config(**params)
+
+
+def build_speculator(family: str, params: dict, target: TargetInfo) -> Speculator:
+    return speculator_class(family)(build_config(family, params), target)
+
+
+def load_speculator(path: str | Path, target: TargetInfo | None = None) -> Speculator:
+    """Load a saved speculator directory (safetensors + config.json; never a pickle)."""
+    path = Path(path)
+    cfg_file, weights = path / "config.json", path / "model.safetensors"
+    if not cfg_file.is_file() or not weights.is_file():
+        raise FileNotFoundError(f"{path} is not a speculator checkpoint: needs config.json and model.safetensors")
+    try:
+        meta = json.loads(cfg_file.read_text())
+        saved = TargetInfo(**meta["target"])
+    except Exception as exc:
+        raise ValueError(f"corrupt speculator checkpoint {path}: config.json: {exc}") from exc
+    if target is not None and (target.vocab_size, target.hidden_size) != (saved.vocab_size, saved.hidden_size):
+        raise ValueError(f"{path} was trained for target {saved.name} "
+                         f"(vocab {saved.vocab_size}, hidden {saved.hidden_size}), not {target.name}")
+    # Built from the saved description (no embedding): the weights overwrite any init.
+    needs = speculator_class(meta["family"]).target_tensors
+    if needs and target is None:
+        raise ValueError(f"{path}: a {meta['family']} speculator drafts through its target's frozen "
+                         f"{', '.join(needs)}; pass the live target: load_speculator(path, TargetInfo.of(target))")
+    saved = dataclasses.replace(saved, **{name: getattr(target, name) for name in needs})
+    model = build_speculator(meta["family"], meta["config"], saved)
+    try:
+        load_model(model, str(weights), device=str(target_device(target)))
+    except Exception as exc:
+        raise ValueError(f"corrupt speculator checkpoint {path}: {exc}") from exc
+    return model.eval()

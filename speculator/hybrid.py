@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from .base import Features, Speculator, TargetInfo, build_config, register, speculator_class
+from .base import Features, Speculator, TargetInfo
 from .lookup import FLOOR, TrainingFree
 from .suffix import SuffixSpeculator
 
@@ -44,6 +44,8 @@ class HybridState:
 
 def learned_part(config: HybridConfig) -> tuple[type[Speculator], Any]:
     """The learned family's class and its config, checked."""
+    from .families import build_config, speculator_class  # the registry lists this module
+
     options = dict(config.learned)
     family = options.pop("family", None)
     cls = speculator_class(family) if family else None
@@ -52,7 +54,6 @@ def learned_part(config: HybridConfig) -> tuple[type[Speculator], Any]:
     return cls, build_config(family, options)
 
 
-@register
 class HybridSpeculator(Speculator):
     family = "hybrid"
     Config = HybridConfig
@@ -61,6 +62,8 @@ class HybridSpeculator(Speculator):
 
     def __init__(self, config: HybridConfig, target: TargetInfo):
         super().__init__(config, target)
+        from .families import build_config  # the registry lists this module
+
         cls, learned_config = learned_part(config)
         self.learned = cls(learned_config, target)
         self.suffix = SuffixSpeculator(build_config("suffix", config.suffix), target)

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Features, Speculator, TargetInfo, register
+from .base import Features, Speculator, TargetInfo
 from .layers import HeadsOnLastHidden, FrozenTargetTensor, LastHidden, OutputHeads, ResBlock, compute_dtype
 
 
@@ -38,7 +38,6 @@ class HydraConfig:
     """Draft only the N most frequent assistant tokens of the training data (0: all)."""
 
 
-@register
 class HydraSpeculator(HeadsOnLastHidden, Speculator):
     family = "hydra"
     Config = HydraConfig

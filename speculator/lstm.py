@@ -21,7 +21,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from .base import Features, Speculator, TargetInfo, register
+from .base import Features, Speculator, TargetInfo
 from .layers import HeadsOnLastHidden, LastHidden, OutputHeads, compute_dtype
 
 
@@ -38,7 +38,6 @@ class LSTMConfig:
     """Draft only the N most frequent assistant tokens of the training data (0: all)."""
 
 
-@register
 class LSTMSpeculator(HeadsOnLastHidden, Speculator):
     family = "lstm"
     Config = LSTMConfig

@@ -18,7 +18,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from .base import Features, Speculator, TargetInfo, register
+from .base import Features, Speculator, TargetInfo
 from .layers import HeadsOnLastHidden, LastHidden, OutputHeads, ResBlock, compute_dtype, maybe_proj
 
 
@@ -38,7 +38,6 @@ class MedusaConfig:
     """Draft only the N most frequent assistant tokens of the training data (0: all)."""
 
 
-@register
 class MedusaSpeculator(HeadsOnLastHidden, Speculator):
     family = "medusa"
     Config = MedusaConfig

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Features, Speculator, TargetInfo, register
+from .base import Features, Speculator, TargetInfo
 
 
 @dataclass
@@ -41,7 +41,6 @@ class MLPState:
     hidden: torch.Tensor  # [1, H] target hidden state of the last committed position
 
 
-@register
 class MLPSpeculator(Speculator):
     family = "mlp"
     Config = MLPConfig

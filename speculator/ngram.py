@@ -17,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .lookup import Guess, TokenHistory, TrainingFree
-from .base import register
 
 
 @dataclass
@@ -40,7 +39,6 @@ class NgramState(TokenHistory):
     index: list[dict[tuple[int, ...], int]] = field(default_factory=list)
 
 
-@register
 class NgramSpeculator(TrainingFree):
     family = "ngram"
     Config = NgramConfig

@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .base import register
 from .lookup import Guess, TokenHistory, TrainingFree
 from .suffix_tree import SuffixTrie, Writer, ranked_children
 
@@ -52,7 +51,6 @@ class SuffixState(TokenHistory):
     root: tuple[int, int, int] = (-1, -1, 0)  # (committed count, pending, match length) of the last root match
 
 
-@register
 class SuffixSpeculator(TrainingFree):
     family = "suffix"
     Config = SuffixConfig

@@ -88,7 +88,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     from speclab.eval.prompts import encode_prompt
     from speclab.eval.sampling import SamplingConfig
-    from speclab.speculator.base import TargetInfo, load_speculator
+    from speclab.speculator.base import TargetInfo
+    from speclab.speculator.families import load_speculator
 
     from .errors import user_errors
     from .target_spec import recorded_target

@@ -18,7 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 from speclab.eval.benchmark import score
 from speclab.eval.method import MethodConfig, choose, tree_of
 from speclab.eval.prompts import encode_prompt, humaneval_prompts, load_prompts
-from speclab.speculator.base import Speculator, TargetInfo, build_config, build_speculator, speculator_class
+from speclab.speculator.base import Speculator, TargetInfo
+from speclab.speculator.families import build_config, build_speculator, speculator_class
 from speclab.speculator.lookup import TrainingFree
 from speclab.speculator.target import FrozenTarget
 from speclab.speculator.targets import cache_root

@@ -17,7 +17,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from speclab.speculator.base import Speculator, TargetInfo, load_speculator, speculator_class
+from speclab.speculator.base import Speculator, TargetInfo
+from speclab.speculator.families import load_speculator, speculator_class
 
 from .export_formats import ExportContext, write_layout
 from .index import best, metric_value

@@ -35,7 +35,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from speclab.speculator.base import Speculator, TargetInfo, build_speculator, load_speculator, speculator_class
+from speclab.speculator.base import Speculator, TargetInfo
+from speclab.speculator.families import build_speculator, load_speculator, speculator_class
 
 from .engine_layouts import FOREIGN, VOCAB_IDS, ExportContext, refusals
 from .export_mlp import from_vllm

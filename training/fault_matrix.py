@@ -26,7 +26,8 @@ import torch
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from speclab.speculator.base import TargetInfo, build_speculator
+from speclab.speculator.base import TargetInfo
+from speclab.speculator.families import build_speculator
 from speclab.speculator.targets import tiny_llama
 
 from speclab.speculator.digest import weights_sha256

@@ -6,7 +6,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from speclab.speculator.base import TargetInfo, build_speculator
+from speclab.speculator.base import TargetInfo
+from speclab.speculator.families import build_speculator
 
 import speclab.eval.benchmark as benchmark
 from speclab.eval.benchmark import hf_generate_tok_s, score

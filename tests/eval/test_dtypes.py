@@ -6,10 +6,10 @@ import torch
 
 from speclab.eval.engine import generate_plain, generate_speculative
 from speclab.eval.tree import TreeConfig, generate_tree
-from speclab.speculator.base import REGISTRY, TargetInfo, build_speculator, speculator_class
+from speclab.speculator.base import TargetInfo
+from speclab.speculator.families import REGISTRY, build_speculator
 from speclab.speculator.targets import tiny_llama
 
-speculator_class("mlp")  # fills the registry
 FAMILIES = sorted(REGISTRY)
 PROMPT = torch.tensor([[3, 14, 15, 92, 65]])
 

@@ -6,7 +6,8 @@ import torch
 from speclab.eval import benchmark, lossless
 from speclab.eval.benchmark import score
 from speclab.eval.lossless import FP32_TOLERANCE, HALF_TOLERANCE, classify, first_divergence, tie_tolerance
-from speclab.speculator.base import TargetInfo, build_speculator
+from speclab.speculator.base import TargetInfo
+from speclab.speculator.families import build_speculator
 from speclab.speculator.targets import tiny_llama
 from speculator_stubs import NeverSpeculator, scripted
 

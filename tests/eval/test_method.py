@@ -6,7 +6,8 @@ import time
 import pytest
 
 from speclab.eval.method import MethodConfig, candidates, choose, pilot, tree_for, tree_of, verification_cost
-from speclab.speculator.base import TargetInfo, build_speculator
+from speclab.speculator.base import TargetInfo
+from speclab.speculator.families import build_speculator
 from speculator_stubs import OracleSpeculator, scripted
 
 DELAY_S = 0.1  # per slowed call: ~100x a warm tiny-target step, far above timing noise

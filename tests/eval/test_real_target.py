@@ -44,7 +44,8 @@ def test_real_families_are_lossless_on_two_humaneval_prompts(target, family):
     greedy decoding token for token on two HumanEval prompts."""
     import torch
 
-    from speclab.speculator.base import TargetInfo, build_speculator
+    from speclab.speculator.base import TargetInfo
+    from speclab.speculator.families import build_speculator
 
     torch.manual_seed(0)
     speculator = build_speculator(family, {}, TargetInfo.of(target)).eval()

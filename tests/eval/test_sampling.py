@@ -7,7 +7,8 @@ import torch
 from speclab.eval.engine import generate_plain, generate_speculative
 from speclab.eval.metrics import AcceptanceStats
 from speclab.eval.sampling import SamplingConfig, TokenChooser
-from speclab.speculator.base import TargetInfo, build_speculator
+from speclab.speculator.base import TargetInfo
+from speclab.speculator.families import build_speculator
 from speculator_stubs import NeverSpeculator, OracleSpeculator, SometimesSpeculator, scripted
 
 MAX_NEW = 12

@@ -10,7 +10,8 @@ import torch
 from speclab.eval.engine import generate_plain, generate_speculative
 from speclab.eval.sampling import SamplingConfig, TokenChooser
 from speclab.eval.tree import TreeConfig, generate_tree
-from speclab.speculator.base import TargetInfo, build_speculator
+from speclab.speculator.base import TargetInfo
+from speclab.speculator.families import build_speculator
 from stat_checks import chi2_pvalue
 
 MAX_NEW = 24

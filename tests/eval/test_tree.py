@@ -7,7 +7,8 @@ from speclab.eval.engine import generate_plain, generate_speculative
 from speclab.eval.metrics import AcceptanceStats
 from speclab.eval.sampling import SamplingConfig, TokenChooser
 from speclab.eval.tree import DraftTree, TreeConfig, draft_tree, generate_tree, static_rank_paths, walk_sample
-from speclab.speculator.base import TargetInfo, build_speculator
+from speclab.speculator.base import TargetInfo
+from speclab.speculator.families import build_speculator
 from stat_checks import chi2_pvalue
 from speculator_stubs import NeverSpeculator, OracleSpeculator, SometimesSpeculator, scripted
 

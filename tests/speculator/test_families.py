@@ -1,12 +1,14 @@
 """Every family: its teacher-forced training forward and its incremental inference path
 compute the same logits for the same inputs; configs and registry agree."""
 
+import ast
 from pathlib import Path
 
 import pytest
 import torch
 
-from speclab.speculator.base import REGISTRY, Features, TargetInfo, build_speculator, load_speculator, speculator_class
+from speclab.speculator.base import Features, TargetInfo
+from speclab.speculator.families import REGISTRY, build_speculator, load_speculator
 
 CONFIGS = Path(__file__).parents[2] / "configs" / "speculator"
 # fp32 on the same CPU kernels; the two paths differ only in matmul shapes (batched vs
@@ -54,9 +56,28 @@ def random_layers(spec, T, hidden):
 
 
 def test_config_groups_mirror_registry():
-    speculator_class("mlp")  # fills the registry
     assert {p.stem for p in CONFIGS.glob("*.yaml")} == set(REGISTRY)
     assert set(SMALL) | TRAINING_FREE == set(REGISTRY), "every learned family needs shapes in this test"
+
+
+def module_imports(path: Path, top_level_only: bool) -> set[str]:
+    """The speculator/ modules a file imports (relative imports), at its top level or anywhere."""
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    found = set()
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            found |= {node.module} if node.module else {alias.name for alias in node.names}
+    return found
+
+
+def test_registry_and_interfaces_do_not_import_each_other():
+    speculator_dir = CONFIGS.parents[1] / "speculator"
+    assert "families" not in module_imports(speculator_dir / "base.py", top_level_only=False)
+    # No family imports the registry while it loads (hybrid looks families up inside functions).
+    for cls in REGISTRY.values():
+        path = speculator_dir / f"{cls.__module__.rsplit('.', 1)[-1]}.py"
+        assert "families" not in module_imports(path, top_level_only=True), path.name
 
 
 def test_unknown_family_and_option_name_valid_choices():

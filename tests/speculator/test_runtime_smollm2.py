@@ -7,7 +7,8 @@ import torch
 from speclab.eval.engine import generate_plain, generate_speculative
 from speclab.eval.lossless import FP32_TOLERANCE, classify
 from speclab.eval.prompts import encode_prompt, humaneval_prompts
-from speclab.speculator.base import TargetInfo, build_speculator
+from speclab.speculator.base import TargetInfo
+from speclab.speculator.families import build_speculator
 
 pytestmark = pytest.mark.slow
 REL = 3e-5

@@ -6,7 +6,8 @@ import random
 import pytest
 import torch
 
-from speclab.speculator.base import TargetInfo, build_speculator
+from speclab.speculator.base import TargetInfo
+from speclab.speculator.families import build_speculator
 from speclab.speculator.lookup import FLOOR, TrainingFree
 
 V, H = 11, 8
@@ -164,7 +165,7 @@ def test_hybrid_needs_a_learned_family():
 
 @pytest.mark.parametrize("family", ["ngram", "suffix"])
 def test_a_saved_training_free_speculator_is_its_config(family, tmp_path):
-    from speclab.speculator.base import load_speculator
+    from speclab.speculator.families import load_speculator
 
     spec = build_speculator(family, {"max_n": 4} if family == "ngram" else {"max_pattern": 7}, info())
     spec.save(tmp_path / "ckpt")

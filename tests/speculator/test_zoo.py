@@ -7,7 +7,8 @@ import torch
 
 from speclab.eval.engine import generate_plain, generate_speculative
 from speclab.speculator import families  # noqa: F401  (fills the registry)
-from speclab.speculator.base import REGISTRY, Features, TargetInfo, build_speculator, load_speculator, speculator_class
+from speclab.speculator.base import Features, TargetInfo
+from speclab.speculator.families import REGISTRY, build_speculator, load_speculator, speculator_class
 from speclab.speculator.eagle3 import default_layer_ids
 
 from test_families import SMALL, TOL, TRAINING_FREE, random_layers, target_info

@@ -19,7 +19,8 @@ from interop import CLIENT, COMPARE
 from test_export_layouts import SPECS, exported
 from vllm_mlp_oracle import VLLMMLPSpeculator
 
-from speclab.speculator.base import Features, TargetInfo, build_speculator
+from speclab.speculator.base import Features, TargetInfo
+from speclab.speculator.families import build_speculator
 from speclab.speculator.targets import tiny_llama
 from speclab.sweeps.export import export_best
 from speclab.sweeps.results import weights_sha256

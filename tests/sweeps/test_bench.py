@@ -5,7 +5,8 @@ import json
 import pytest
 from test_export import TINY_TARGET_CONFIG
 
-from speclab.speculator.base import TargetInfo, build_speculator
+from speclab.speculator.base import TargetInfo
+from speclab.speculator.families import build_speculator
 from speclab.speculator.targets import tiny_llama
 from speclab.sweeps.cli import main
 

@@ -4,7 +4,8 @@ import pytest
 import torch
 from test_index import make_run
 
-from speclab.speculator.base import Features, TargetInfo, build_speculator
+from speclab.speculator.base import Features, TargetInfo
+from speclab.speculator.families import build_speculator
 from speclab.speculator.targets import tiny_llama
 from speclab.sweeps import export as export_module
 from speclab.sweeps.export import export_best

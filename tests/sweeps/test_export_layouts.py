@@ -11,7 +11,8 @@ import torch
 from safetensors import safe_open
 from test_index import make_run
 
-from speclab.speculator.base import TargetInfo, build_speculator
+from speclab.speculator.base import TargetInfo
+from speclab.speculator.families import build_speculator
 from speclab.speculator.targets import tiny_llama
 from speclab.sweeps.cli import main
 from speclab.sweeps.export import export_best, scored_with

@@ -6,8 +6,7 @@ import pytest
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 
-from speclab.speculator import families  # noqa: F401 - fills the registry
-from speclab.speculator.base import REGISTRY, speculator_class
+from speclab.speculator.families import REGISTRY, speculator_class
 from speclab.sweeps import train as _train  # noqa: F401 - registers the speclab_digest resolver
 from speclab.sweeps.sweep import available_sweeps
 from speclab.speculator.lookup import TrainingFree

@@ -73,7 +73,7 @@ def test_every_sweep_completes_its_runs(all_sweeps):
 
 
 def test_arch_covers_every_family_and_shared_candidates_train_once(all_sweeps):
-    from speclab.speculator.base import REGISTRY
+    from speclab.speculator.families import REGISTRY
 
     _, runs, _ = all_sweeps
     assert {r["speculator"]["family"] for r in results_of(runs / "sweep-arch")} == set(REGISTRY)

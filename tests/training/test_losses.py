@@ -55,7 +55,8 @@ def _features(target, seed=0):
 @pytest.mark.parametrize("kind", ["kl", "ce"])
 @pytest.mark.parametrize("case", list(FUSED_CASES))
 def test_fused_loss_matches_the_unfused_path_on_the_tiny_target(target, case, kind):
-    from speclab.speculator.base import TargetInfo, build_speculator
+    from speclab.speculator.base import TargetInfo
+    from speclab.speculator.families import build_speculator
 
     family = case.split("-")[0]
     counts = torch.arange(target.vocab_size, 0, -1).float()  # a reduced vocabulary keeps the lowest ids
@@ -105,7 +106,8 @@ def test_auto_fuses_on_cuda_or_where_the_logits_would_be_big():
 
 
 def test_auto_takes_the_unfused_path_for_small_cpu_shapes(target):
-    from speclab.speculator.base import TargetInfo, build_speculator
+    from speclab.speculator.base import TargetInfo
+    from speclab.speculator.families import build_speculator
 
     spec = build_speculator("mlp", FUSED_CASES["mlp"], TargetInfo.of(target))
     calls = []
