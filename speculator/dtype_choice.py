@@ -59,11 +59,11 @@ def _step_ms(target) -> float:
     return statistics.median(times) * 1e3
 
 
-def measured_dtype(model, name: str, runtime: str, device: str) -> tuple[torch.dtype, dict]:
+def measured_dtype(model, name: str, runtime: str, device: str, lean_backend: str = "auto") -> tuple[torch.dtype, dict]:
     """(fastest dtype, a record of how it was chosen) for `model` (any dtype) on this machine."""
     if device.startswith("cuda"):
         return torch.bfloat16, {"requested": "auto", "source": "cuda default"}
-    path = _record_path(model, name, runtime)
+    path = _record_path(model, name, f"{runtime}/{lean_backend}")
     try:
         record = json.loads(path.read_text())
         return CANDIDATES[record["fastest"]], {**record, "source": "measured earlier on this machine"}
@@ -71,7 +71,7 @@ def measured_dtype(model, name: str, runtime: str, device: str) -> tuple[torch.d
         pass
     from .target import FrozenTarget
 
-    targets = {key: FrozenTarget(copy.deepcopy(model).to(dtype=dt), None, name, runtime=runtime)
+    targets = {key: FrozenTarget(copy.deepcopy(model).to(dtype=dt), None, name, runtime=runtime, lean_backend=lean_backend)
                for key, dt in CANDIDATES.items()}
     samples: dict[str, list[float]] = {key: [] for key in targets}
     for _ in range(ROUNDS):  # alternated, so a burst of load hits both

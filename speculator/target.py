@@ -41,7 +41,8 @@ class TargetOutput:
 class FrozenTarget(nn.Module):
     """A causal LM in eval mode with no gradients, plus the helpers decoding needs."""
 
-    def __init__(self, model: nn.Module, tokenizer, name: str, runtime: str = "lean", lean_backend: str = "auto"):
+    def __init__(self, model: nn.Module, tokenizer, name: str, runtime: str = "lean", lean_backend: str = "auto",
+                 compile: bool = False):
         super().__init__()
         if runtime not in RUNTIMES:
             raise ValueError(f"unknown target runtime {runtime!r}; valid: {', '.join(RUNTIMES)}")
@@ -57,7 +58,7 @@ class FrozenTarget(nn.Module):
         self.lean: LeanDecoder | None = None
         if runtime == "lean":
             try:
-                self.lean = LeanDecoder(self.model, lean_backend)
+                self.lean = LeanDecoder(self.model, lean_backend, compile)
             except UnsupportedModel as exc:
                 log.warning("%s: the lean runtime does not run this model (%s); using transformers", name, exc)
 

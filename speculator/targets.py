@@ -50,15 +50,17 @@ def resolve_dtype(name: str, device: str = "cpu") -> torch.dtype:
     return DTYPES[name]
 
 
-def _finish(model, tokenizer, name: str, dtype: str, device: str, runtime: str = "lean") -> FrozenTarget:
+def _finish(model, tokenizer, name: str, dtype: str, device: str, runtime: str = "lean",
+            lean_backend: str = "auto", compile: bool = False) -> FrozenTarget:
     """Move the model to its device and dtype and wrap it. `auto` is the dtype whose decode
     step this machine runs fastest (measured once per machine and model; dtype_choice.py)."""
     model = model.to(device=device)
     if dtype == "auto":
-        chosen, record = measured_dtype(model, name, runtime, device)
+        chosen, record = measured_dtype(model, name, runtime, device, lean_backend)
     else:
         chosen, record = resolve_dtype(dtype, device), {"requested": dtype, "source": "config"}
-    target = FrozenTarget(model.to(dtype=chosen), tokenizer, name, runtime=runtime)
+    target = FrozenTarget(model.to(dtype=chosen), tokenizer, name, runtime=runtime, lean_backend=lean_backend,
+                          compile=compile)
     target.dtype_choice = {**record, "chosen": str(chosen).removeprefix("torch."), "runtime": target.runtime}
     return target
 
@@ -139,7 +141,8 @@ def converted_smollm2_dir() -> Path:
     return out
 
 
-def smollm2_from_gguf(dtype: str = "auto", device: str = "cpu", runtime: Literal["lean", "hf"] = "lean") -> FrozenTarget:
+def smollm2_from_gguf(dtype: str = "auto", device: str = "cpu", runtime: Literal["lean", "hf"] = "lean",
+                      lean_backend: Literal["auto", "native", "torch"] = "auto", compile: bool = False) -> FrozenTarget:
     out = converted_smollm2_dir()
     try:
         model = AutoModelForCausalLM.from_pretrained(out)
@@ -150,7 +153,7 @@ def smollm2_from_gguf(dtype: str = "auto", device: str = "cpu", runtime: Literal
         out = converted_smollm2_dir()
         model = AutoModelForCausalLM.from_pretrained(out)
         tokenizer = AutoTokenizer.from_pretrained(out)
-    return _finish(model, tokenizer, "SmolLM2-135M-Instruct", dtype, device, runtime)
+    return _finish(model, tokenizer, "SmolLM2-135M-Instruct", dtype, device, runtime, lean_backend, compile)
 
 
 # --- tiny: a seeded Llama for tests -----------------------------------------------------
@@ -167,6 +170,8 @@ def tiny_llama(
     dtype: str = "fp32",
     device: str = "cpu",
     runtime: Literal["lean", "hf"] = "lean",
+    lean_backend: Literal["auto", "native", "torch"] = "auto",
+    compile: bool = False,
 ) -> FrozenTarget:
     """A small random Llama on a small byte-level BPE tokenizer, identical for a seed.
 
@@ -192,17 +197,18 @@ def tiny_llama(
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
-    return _finish(model, tokenizer, f"tiny-llama-seed{seed}", dtype, device, runtime)
+    return _finish(model, tokenizer, f"tiny-llama-seed{seed}", dtype, device, runtime, lean_backend, compile)
 
 
 # --- hf: any causal LM transformers can load ---------------------------------------------
 
 
 def hf_causal_lm(name_or_path: str | None = None, dtype: str = "auto", device: str = "cpu",
-                 runtime: Literal["lean", "hf"] = "lean") -> FrozenTarget:
+                 runtime: Literal["lean", "hf"] = "lean", lean_backend: Literal["auto", "native", "torch"] = "auto",
+                 compile: bool = False) -> FrozenTarget:
     if not name_or_path:
         raise ValueError("target=hf needs target.name_or_path=<hub id or local directory>")
     # Loaded in fp32 when the dtype is to be measured: _finish then casts to the winner.
     model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=resolve_dtype(dtype, device))
     tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-    return _finish(model, tokenizer, str(name_or_path), dtype, device, runtime)
+    return _finish(model, tokenizer, str(name_or_path), dtype, device, runtime, lean_backend, compile)

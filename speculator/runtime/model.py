@@ -49,12 +49,17 @@ class LeanOutput:
 
 
 class LeanDecoder:
-    def __init__(self, model, choice: str = "auto"):
-        """model: a transformers Llama-family causal LM (lean_config says which)."""
+    def __init__(self, model, choice: str = "auto", compile: bool = False):
+        """model: a transformers Llama-family causal LM (lean_config says which). choice: the
+        backend (ops.py); compile: torch.compile the torch backend's per-layer blocks (each
+        pass width compiles once; the native backend is already fused C and ignores it)."""
         self.config: LeanConfig = lean_config(model.config)
         weights = model.lm_head.weight
         self.device, self.dtype = weights.device, weights.dtype
         self.ops = backend(self.device, self.dtype, choice)
+        self.compiled = compile and self.ops.name == "torch"
+        if self.compiled:
+            self._project, self._mlp = torch.compile(self._project, dynamic=False), torch.compile(self._mlp, dynamic=False)
         body = model.model
         self.embed = body.embed_tokens.weight.detach()  # [V, D], looked up then widened
         self.layers = [self._layer(layer) for layer in body.layers]
@@ -76,9 +81,17 @@ class LeanDecoder:
             down=self.ops.pack(m.down_proj.weight.detach()),
         )
 
+    def _project(self, x: torch.Tensor, layer: LeanLayer) -> torch.Tensor:  # [M, D] -> qkv [M, (H + 2KV) hd]
+        return self.ops.linear(self.ops.rmsnorm(x, layer.attn_norm, self.config.rms_eps), layer.qkv)
+
+    def _mlp(self, x: torch.Tensor, layer: LeanLayer) -> torch.Tensor:  # x + MLP(x), in place where the ops allow
+        ops = self.ops
+        hidden = ops.silu_mul(ops.linear(ops.rmsnorm(x, layer.mlp_norm, self.config.rms_eps), layer.gate_up))
+        return ops.linear(hidden, layer.down, out=x)
+
     @property
     def backend(self) -> str:
-        return self.ops.name
+        return self.ops.name + ("+compile" if self.compiled else "")
 
     def new_cache(self, rows: int = 1, max_len: int | None = None) -> StaticKVCache:
         c = self.config
@@ -115,12 +128,10 @@ class LeanDecoder:
         layers = {0: x.view(B, T, -1).clone()} if 0 in wanted else {}
         ops = self.ops
         for i, layer in enumerate(self.layers):
-            qkv = ops.linear(ops.rmsnorm(x, layer.attn_norm, c.rms_eps), layer.qkv)
+            qkv = self._project(x, layer)
             attended = ops.attention(qkv, positions_d, self.cos, self.sin, cache.k[i], cache.v[i], rows_d, lens_d,
                                      visible_d, B, T, c.num_heads, c.num_kv_heads, c.head_dim)
-            ops.linear(attended, layer.o, out=x)  # x += attention output
-            mlp_in = ops.silu_mul(ops.linear(ops.rmsnorm(x, layer.mlp_norm, c.rms_eps), layer.gate_up))
-            ops.linear(mlp_in, layer.down, out=x)  # x += MLP output
+            x = self._mlp(ops.linear(attended, layer.o, out=x), layer)  # x += attention, then x += MLP
             if i + 1 in wanted and i + 1 < c.num_layers:
                 layers[i + 1] = x.view(B, T, -1).clone()
         cache.advance(rows, T)
