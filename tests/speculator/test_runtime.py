@@ -148,3 +148,14 @@ def test_unsupported_architectures_are_refused_and_fall_back(caplog):
     assert target.runtime == "hf" and "does not run this model" in caplog.text
     with pytest.raises(ValueError, match="unknown target runtime"):
         FrozenTarget(gpt2, None, "gpt2-tiny", runtime="fast")
+
+
+def test_compiled_torch_backend_computes_the_same(hf_model):
+    eager, compiled = LeanDecoder(hf_model, "torch"), LeanDecoder(hf_model, "torch", compile=True)
+    assert compiled.backend == "torch+compile"
+    if NATIVE:  # the native kernels are already fused C: compile is ignored there
+        assert LeanDecoder(hf_model, "native", compile=True).backend == "native"
+    x = ids(9, 7)
+    for width in (9, 1):  # prefill, then a cached step: two compiled shapes
+        a, b = eager.new_cache(max_len=16), compiled.new_cache(max_len=16)
+        assert close(compiled.forward(x[:, :width], b).logits, eager.forward(x[:, :width], a).logits)
