@@ -69,7 +69,15 @@ class FrozenTarget(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
+        """The weights' dtype."""
         return self.model.lm_head.weight.dtype
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype of the target's arithmetic and outputs: fp32 on the lean runtime (its
+        bf16 weights widen exactly), the weights' dtype on transformers. Speculators scored
+        against this target run in it by default."""
+        return torch.float32 if self.lean is not None else self.dtype
 
     @property
     def device(self) -> torch.device:
@@ -81,12 +89,23 @@ class FrozenTarget(nn.Module):
         return int(getattr(self.model.config, "max_position_embeddings", 1 << 30))
 
     @property
-    def lm_head_weight(self) -> torch.Tensor:  # [V, H]
-        return self.model.lm_head.weight
+    def lm_head_weight(self) -> torch.Tensor:  # [V, H] in compute_dtype
+        """The head as the target computes with it: widened once to fp32 on the lean runtime,
+        so training's target logits (and speculators drafting through the head) never run
+        bf16 matmuls, which are emulated and slow on CPUs without AVX512-BF16."""
+        return self._in_compute_dtype("lm_head", self.model.lm_head.weight)
 
     @property
-    def embed_weight(self) -> torch.Tensor:  # [V, H]
-        return self.model.get_input_embeddings().weight
+    def embed_weight(self) -> torch.Tensor:  # [V, H] in compute_dtype
+        return self._in_compute_dtype("embed", self.model.get_input_embeddings().weight)
+
+    def _in_compute_dtype(self, key: str, weight: torch.Tensor) -> torch.Tensor:
+        if weight.dtype == self.compute_dtype:
+            return weight
+        widened = self.__dict__.setdefault("_widened", {})
+        if key not in widened:
+            widened[key] = weight.detach().to(self.compute_dtype)
+        return widened[key]
 
     @property
     def eos_token_ids(self) -> set[int]:

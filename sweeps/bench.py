@@ -108,7 +108,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         info = TargetInfo.of(target)
         speculators = {}
         for path in checkpoints + ([assistant_dir] if assistant_dir and assistant_dir not in checkpoints else []):
-            spec = load_speculator(path, info).to(device=target.device, dtype=target.dtype).eval()
+            spec = load_speculator(path, info).to(device=target.device, dtype=target.compute_dtype).eval()
             speculators[_unique(spec.family, speculators)] = (path, spec)
         if assistant_dir is not None and speculators[_name_of(assistant_dir, speculators)][1].family != "draft_lm":
             raise ValueError(f"--assistant {args.assistant} is not a draft_lm checkpoint")

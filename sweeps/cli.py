@@ -156,7 +156,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         speculator = load_checkpoint(checkpoint, TargetInfo.of(target))  # speclab or an export layout
         encoded = [encode_prompt(target.tokenizer, item, chat_template=args.chat_template).to(target.device)
                    for item in prompts]  # each [1, T]
-    speculator = speculator.to(device=target.device, dtype=target.dtype)
+    speculator = speculator.to(device=target.device, dtype=target.compute_dtype)
     report = score(target, speculator, encoded, args.max_new_tokens, args.k, peer=args.peer)
     print(eval_summary(report, checkpoint, target.name, len(prompts), args))
     if args.json_out:
