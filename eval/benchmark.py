@@ -17,6 +17,7 @@ from torch import nn
 from tqdm import tqdm
 
 from speclab.speculator.base import Speculator
+from speclab.speculator.runtime.fast_linear import native_linears
 from speclab.speculator.target import FrozenTarget
 
 from .engine import Generation, effective_draft_len, generate_plain, generate_speculative
@@ -85,7 +86,8 @@ def score(
     if tree is not None:
         tree = TreeConfig(tree.shape, k, tree.top_k, tree.budget)
     run = _Runner(target, speculator, max_new_tokens, k, sampling, tree)
-    with _eval_mode(speculator):
+    # Drafting through the native GEMM where it builds (speculator/runtime/fast_linear.py).
+    with _eval_mode(speculator), native_linears(speculator):
         _warm_up(run, prompts[0], peer)
         results = [
             _score_prompt(run, prompt, rotation=i, peer=peer)

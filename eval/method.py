@@ -71,7 +71,9 @@ class MethodConfig:
 @torch.no_grad()
 def verification_cost(target: FrozenTarget, prompt: torch.Tensor, lengths: list[int], repeats: int) -> dict[int, float]:
     """{n: median ms to verify n tokens after prompt [1, T]}, each as a chain-shaped tree."""
-    cache = target.new_cache()
+    # The measuring context is the prompt's, cut to leave room for the longest pass.
+    prompt = prompt[:, -(target.context_length - max(lengths)):]
+    cache = target.new_cache(max_len=prompt.shape[1] + max(lengths))
     target(prompt.to(target.device), cache, logits_for="last")
     past, out = prompt.shape[1], {}
     for n in sorted(set(lengths)):
