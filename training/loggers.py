@@ -83,16 +83,22 @@ def log_final(run_dir: Path, cfg, result: Mapping[str, Any]) -> None:
         return
     import wandb
 
-    run = wandb.run
-    if run is None or run.id != wandb_run_id(run_dir):  # training ran in another process
-        _finish_open_run()
-        run = wandb.init(dir=str(run_dir), id=wandb_run_id(run_dir), name=Path(run_dir).name,
-                         project=settings["project"], entity=settings["entity"], tags=settings["tags"],
-                         mode=settings["mode"], resume="allow", config=_plain(cfg) or {})
-    final = final_metrics(result)
-    run.log(final)
-    run.summary.update(final)
-    run.finish()
+    try:
+        run = wandb.run
+        if run is None or run.id != wandb_run_id(run_dir):  # training ran in another process
+            _finish_open_run()
+            run = wandb.init(dir=str(run_dir), id=wandb_run_id(run_dir), name=Path(run_dir).name,
+                             project=settings["project"], entity=settings["entity"], tags=settings["tags"],
+                             mode=settings["mode"], resume="allow", config=_plain(cfg) or {})
+        final = final_metrics(result)
+        run.log(final)
+        run.summary.update(final)
+        run.finish()
+    except Exception as exc:  # noqa: BLE001  the logger is a copy: result.json already holds the figures
+        # (seen: a sweep whose parent process had started a wandb service got "run ID is in use"
+        # when reopening the run its training child had logged to)
+        log.warning("wandb: the final metrics of %s were not logged (%s); result.json has them", run_dir,
+                    str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
 
 
 def final_metrics(result: Mapping[str, Any]) -> dict[str, float]:

@@ -49,14 +49,15 @@ class LeanOutput:
 
 
 class LeanDecoder:
-    def __init__(self, model, choice: str = "auto", compile: bool = False):
+    def __init__(self, model, choice: str = "auto", compile: bool = False, ops=None):
         """model: a transformers Llama-family causal LM (lean_config says which). choice: the
         backend (ops.py); compile: torch.compile the torch backend's per-layer blocks (each
-        pass width compiles once; the native backend is already fused C and ignores it)."""
+        pass width compiles once; the native backend is already fused C and ignores it);
+        ops: a backend object to use instead of `choice` (tests: the AVX2 build on any x86)."""
         self.config: LeanConfig = lean_config(model.config)
         weights = model.lm_head.weight
         self.device, self.dtype = weights.device, weights.dtype
-        self.ops = backend(self.device, self.dtype, choice)
+        self.ops = ops if ops is not None else backend(self.device, self.dtype, choice)
         self.compiled = compile and self.ops.name == "torch"
         if self.compiled:
             self._project, self._mlp = torch.compile(self._project, dynamic=False), torch.compile(self._mlp, dynamic=False)

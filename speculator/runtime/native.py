@@ -27,7 +27,10 @@ import torch  # noqa: F401  (loads torch's OpenMP runtime before the library; se
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native.c")
-FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC")
+FLAGS = ("-O3", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC")
+# The instruction set: the machine's own, or SPECLAB_NATIVE_MARCH (e.g. haswell for the AVX2
+# code path on an AVX-512 machine, as the tests build it).
+MARCH = os.environ.get("SPECLAB_NATIVE_MARCH", "native")
 _VOID, _I64, _INT, _FLOAT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 SIGNATURES = {
     # name: argument types (all return void but the two queries)
@@ -47,31 +50,33 @@ def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
 
 
-def _build_key(cc: str) -> str:
+def _build_key(cc: str, march: str) -> str:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
     # -march=native resolves to this CPU's features: ask the compiler what it enables.
-    native = subprocess.run([cc, "-march=native", "-Q", "--help=target"], capture_output=True, text=True).stdout
+    native = subprocess.run([cc, f"-march={march}", "-Q", "--help=target"], capture_output=True, text=True).stdout
     h = hashlib.sha256()
     for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), version.encode(), native.encode()):
         h.update(part)
     return h.hexdigest()[:16]
 
 
-def _compile(cc: str, out: Path) -> None:
+def _compile(cc: str, out: Path, march: str) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".so.tmp")
     os.close(fd)
     try:
-        subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], check=True, capture_output=True, text=True)
+        subprocess.run([cc, *FLAGS, f"-march={march}", str(SOURCE), "-o", tmp, "-lm"], check=True,
+                       capture_output=True, text=True)
         os.replace(tmp, out)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
 
 
-@lru_cache(maxsize=1)
-def load() -> ctypes.CDLL | None:
-    """The compiled kernels, or None where they cannot be built (logged once)."""
+@lru_cache(maxsize=None)
+def load(march: str = MARCH) -> ctypes.CDLL | None:
+    """The compiled kernels for an instruction set (default: this machine's), or None where
+    they cannot be built (logged once)."""
     if os.environ.get("SPECLAB_NATIVE", "1") == "0":
         return None
     cc = _compiler()
@@ -79,9 +84,9 @@ def load() -> ctypes.CDLL | None:
         log.warning("no C compiler found: the lean runtime uses its slower pure-torch path")
         return None
     try:
-        out = _cache_dir() / f"lean-{_build_key(cc)}.so"
+        out = _cache_dir() / f"lean-{_build_key(cc, march)}.so"
         if not out.is_file():
-            _compile(cc, out)
+            _compile(cc, out, march)
         lib = ctypes.CDLL(str(out))
     except (OSError, subprocess.CalledProcessError) as exc:
         detail = getattr(exc, "stderr", "") or str(exc)

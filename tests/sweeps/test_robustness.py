@@ -454,6 +454,27 @@ def test_a_run_whose_process_is_gone_shows_as_dead(tmp_path):
     assert (sweep["running"], sweep["failed"]) == (1, 1)
 
 
+# --- 8. a prompt longer than the target's context is refused, naming the context ---------------
+
+
+@pytest.mark.parametrize("runtime", ["lean", "hf"])
+def test_an_over_long_prompt_is_refused_naming_the_context(runtime):
+    """Before: a 1,900-token prompt ran silently past the context (4.64x at acceptance 1.00)."""
+    from speclab.eval.engine import generate_plain, generate_speculative
+    from speclab.speculator.base import TargetInfo
+    from speclab.speculator.families import build_speculator
+
+    target = tiny_llama(seed=0, runtime=runtime)
+    context = target.context_length
+    too_long = torch.zeros(1, context - 4, dtype=torch.long)
+    with pytest.raises(ValueError, match=f"exceeds {target.name}'s context of {context} tokens"):
+        generate_plain(target, too_long, 8)
+    speculator = build_speculator("mlp", {}, TargetInfo.of(target))
+    with pytest.raises(ValueError, match=r"\+ 5 draft positions exceeds"):
+        generate_speculative(target, speculator, torch.zeros(1, context - 12, dtype=torch.long), 8, 4)
+    assert len(generate_plain(target, torch.zeros(1, context - 8, dtype=torch.long), 8).tokens) <= 8  # fits exactly
+
+
 # --- 10. the dashboard answers only requests for itself, and drops idle clients -----------------
 
 
