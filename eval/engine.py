@@ -114,25 +114,25 @@ def generate_speculative(
     tokens = [pending.item()]
     while tokens[-1] not in stop and len(tokens) < max_new_tokens:
         clock = time.perf_counter()
-        drafts, q = _draft_chain(speculator, state, pending, k, chooser, target.vocab_size)  # [1, k], [1, k, V]
-        _check_drafts(speculator, drafts, k)
+        drafts, q = _draft_chain(speculator, state, pending, k, chooser, target.vocab_size)  # [1, k'], [1, k', V]
+        drafted_now = _check_drafts(speculator, drafts, k)  # k' <= k: a drafter may propose fewer, even none
         gen.draft_seconds += _lap(target, clock)
         clock = time.perf_counter()
-        out = target(torch.cat([pending, drafts], dim=1), cache, layer_ids, logits_for="all")  # logits [1, k+1, V]
+        out = target(torch.cat([pending, drafts], dim=1), cache, layer_ids, logits_for="all")  # logits [1, k'+1, V]
         gen.steps += 1
         n_accepted, next_token = _verify_chain(chooser, drafts, q, out.logits)  # [1], [1]
         # The step's one host sync: n, the drafts and the next token in a single transfer.
         n, *drafted, next_id = torch.cat([n_accepted, drafts[0], next_token]).tolist()
         gen.verify_seconds += time.perf_counter() - clock
         gen.accepted.append(n)
-        gen.drafted_tokens += k
+        gen.drafted_tokens += drafted_now
         if stats is not None:
-            stats.update(n)
+            stats.update(n, drafted=drafted_now)
         committed = drafted[:n] + [next_id]
         tokens.extend(committed)
         if len(tokens) >= max_new_tokens or not stop.isdisjoint(committed):
             break  # done: skip the cache and speculator updates nobody will read
-        FrozenTarget.rollback(cache, k - n)  # the cache keeps pending, d_1..d_n
+        FrozenTarget.rollback(cache, drafted_now - n)  # the cache keeps pending, d_1..d_n
         clock = time.perf_counter()
         hidden, layers = speculator_features(speculator, out, layer_ids)
         speculator.accept(state, torch.cat([pending, drafts[:, :n]], dim=1), hidden[:, : n + 1],
@@ -185,7 +185,10 @@ def _draft_chain(speculator: Speculator, state, pending: torch.Tensor, k: int, c
 
 
 def _verify_chain(chooser: TokenChooser, drafts: torch.Tensor, q: torch.Tensor | None, logits: torch.Tensor):
-    """drafts [1, k], q [1, k, V], target logits [1, k+1, V] -> (n_accepted [1], next_token [1])."""
+    """drafts [1, k], q [1, k, V], target logits [1, k+1, V] -> (n_accepted [1], next_token [1]).
+    With no drafts (k = 0) the step is a plain one: the target's own choice."""
+    if drafts.shape[1] == 0:
+        return torch.zeros(1, dtype=torch.long, device=logits.device), chooser.choose(logits[:, 0]).view(1)
     if chooser.mode == "greedy":
         return verify(drafts, None, logits)  # greedy acceptance reads no draft probabilities
     randoms = chooser.randoms(drafts.shape[1] + 1, logits.device)  # [1, k+1]
@@ -229,11 +232,13 @@ def _check_prompt(target: FrozenTarget, prompt_ids: torch.Tensor, max_new_tokens
     return prompt_ids.to(device=target.device, dtype=torch.long)
 
 
-def _check_drafts(speculator: Speculator, drafts: torch.Tensor, k: int) -> None:
-    if drafts.shape != (1, k):
+def _check_drafts(speculator: Speculator, drafts: torch.Tensor, k: int) -> int:
+    """The number of drafts, 0..k (a drafter with nothing worth verifying proposes fewer)."""
+    if drafts.dim() != 2 or drafts.shape[0] != 1 or drafts.shape[1] > k:
         raise ValueError(
-            f"{type(speculator).__name__}.propose returned drafts {tuple(drafts.shape)}; expected [1, {k}]"
+            f"{type(speculator).__name__}.propose returned drafts {tuple(drafts.shape)}; expected [1, k'] with k' <= {k}"
         )
+    return drafts.shape[1]
 
 
 def _stop_ids(target: FrozenTarget, eos_ids: Iterable[int] | None) -> frozenset[int]:

@@ -199,8 +199,10 @@ class Speculator(nn.Module):
         raise NotImplementedError
 
     def propose(self, state: Any, pending: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """pending [1, 1] -> (draft tokens [1, k] as target ids, draft logits [1, k, N]
-        over the draft vocabulary: `self.vocab.to_target` maps their argmax to the tokens)."""
+        """pending [1, 1] -> (draft tokens [1, k'] as target ids, draft logits [1, k', N]
+        over the draft vocabulary: `self.vocab.to_target` maps their argmax to the tokens).
+        k' <= k: a drafter may propose fewer tokens, or none (the step is then a plain one),
+        where it has nothing worth the verification width."""
         raise NotImplementedError
 
     def accept(self, state: Any, committed: torch.Tensor, hidden: torch.Tensor,

@@ -7,7 +7,9 @@ pending token and any drafted path), ranked, each with a probability, plus wheth
 is within the family's confident speculation length. Both inference paths derive from it,
 so `extend` on a path equals what `propose` computes after drafting that path:
 
-- `propose` drafts greedily: the top candidate, appended, k times;
+- `propose` drafts greedily: the top candidate, appended, while the guess is confident
+  (at most k; none when the first guess is not: the step is then a plain decoding step, as
+  a serving engine skips speculation on a lookup miss);
 - `extend` turns the candidates into logits over the whole vocabulary.
 
 Logits. A confident candidate with probability p gets log p; every other token gets FLOOR,
@@ -15,9 +17,10 @@ far enough below that softmax gives it exactly 0 in fp32 (exp(-1e4) underflows),
 sampled draft (`SamplingConfig.drafts="sample"`) never picks it and a tree's confidence
 (a product of probabilities) is the candidates' own. Guesses the drafter is not confident
 in (no match at all, or past its speculation length) still rank first in their row, so
-greedy chains keep them, but sit just above the floor: their row is near-uniform and a tree
-ranks them below any confident node. The engine needs exactly k drafts per step, so a
-chain always carries them; they cost verification width, never correctness.
+`extend` keeps them, but sit just above the floor: their row is near-uniform and a tree
+ranks them below any confident node. A chain stops before them: on the lean runtime every
+verified token costs width (5 tokens cost ~1.8x one in bf16), so guesses the drafter does
+not believe in are not worth verifying.
 """
 
 from __future__ import annotations
@@ -95,10 +98,15 @@ class TrainingFree(Speculator):
     def propose(self, state: Any, pending: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         context, guesses = self.context(state, pending, []), []
         for _ in range(k):
-            guesses.append(self.guess_with_fallback(state, context))
-            context.append(guesses[-1].ranked[0][0])
-        drafts = torch.tensor([context[len(context) - k:]], dtype=torch.long, device=pending.device)  # [1, k]
-        return drafts, self.logits(guesses, pending.device)[None]  # [1, k], [1, k, V]
+            guess = self.candidates(state, context)
+            if not guess.ranked or not guess.confident:
+                break  # the chain ends where the drafter stops believing in its guesses
+            guesses.append(guess)
+            context.append(guess.ranked[0][0])
+        n = len(guesses)
+        drafts = torch.tensor([context[len(context) - n:] if n else []], dtype=torch.long,
+                              device=pending.device).view(1, n)  # [1, k'], k' <= k
+        return drafts, self.logits(guesses, pending.device)[None]  # [1, k'], [1, k', V]
 
     def extend(self, state: Any, pending: torch.Tensor, paths: torch.Tensor) -> torch.Tensor:
         """paths [M, d] -> logits [M, V]: the candidates after [pending, paths[m]]."""

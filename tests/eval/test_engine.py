@@ -116,13 +116,36 @@ def test_rejects_bad_arguments(target, prompt):
 
 
 def test_rejects_drafts_of_the_wrong_shape(target, prompt):
-    class ShortDrafts(OracleSpeculator):
-        family = "test-short"
+    class LongDrafts(OracleSpeculator):  # more than k: fewer is allowed, more is not
+        family = "test-long"
 
         def propose(self, state, pending, k):
-            tokens, logits = super().propose(state, pending, k)
-            return tokens[:, :-1], logits[:, :-1]
+            return super().propose(state, pending, k + 1)
 
-    speculator = scripted(ShortDrafts, target, [prompt], MAX_NEW + 3)
-    with pytest.raises(ValueError, match="expected \\[1, 3\\]"):
+    speculator = scripted(LongDrafts, target, [prompt], MAX_NEW + 4)
+    with pytest.raises(ValueError, match="expected \\[1, k'\\] with k' <= 3"):
         generate_speculative(target, speculator, prompt, MAX_NEW, 3)
+
+
+def test_a_drafter_may_propose_fewer_tokens_or_none(target, prompt):
+    """k' <= k drafts per step, none on some steps (a plain step): still exactly lossless,
+    each step counted with the drafts it verified."""
+    from speclab.eval.metrics import AcceptanceStats
+    from speculator_stubs import OracleSpeculator, scripted
+
+    class Sparse(OracleSpeculator):
+        family = "test-sparse"
+        calls = 0
+
+        def propose(self, state, pending, k):
+            Sparse.calls += 1
+            drafts, logits = super().propose(state, pending, k)
+            keep = Sparse.calls % 3  # 1, 2, 0, 1, 2, 0, ... drafts
+            return drafts[:, :keep], logits[:, :keep]
+
+    plain = generate_plain(target, prompt, 20, eos_ids=())
+    stats = AcceptanceStats(4)
+    spec = generate_speculative(target, scripted(Sparse, target, [prompt], 30), prompt, 20, 4, eos_ids=(), stats=stats)
+    assert spec.tokens == plain.tokens
+    assert stats.num_draft_tokens == spec.drafted_tokens < 4 * stats.num_drafts  # fewer than k verified
+    assert 0 in [min(a, 1) for a in spec.accepted]  # some steps drafted nothing
