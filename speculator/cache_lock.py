@@ -24,6 +24,11 @@ from typing import Iterator
 log = logging.getLogger(__name__)
 
 
+def cache_root() -> Path:
+    """Where speclab's shared caches live: $SPECLAB_CACHE, default ~/.cache/speclab."""
+    return Path(os.environ.get("SPECLAB_CACHE", Path.home() / ".cache" / "speclab"))
+
+
 class CacheSpaceError(OSError):
     """Not enough free space for a cache file: the message names the path and the bytes needed."""
 

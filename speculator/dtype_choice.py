@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from .cache_lock import cache_root
+
 log = logging.getLogger(__name__)
 CANDIDATES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 PREFILL, STEPS, ROUNDS = 64, 6, 3
@@ -41,8 +43,7 @@ def _record_path(model, name: str, runtime: str) -> Path:
     from transformers import __version__ as hf_version
 
     key = json.dumps([_machine(), name, model.config.to_json_string(), runtime, torch.__version__, hf_version, 1])
-    root = Path(os.environ.get("SPECLAB_CACHE", Path.home() / ".cache" / "speclab"))
-    return root / "dtype-choice" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+    return cache_root() / "dtype-choice" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
 def _step_ms(target) -> float:

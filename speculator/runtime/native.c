@@ -58,7 +58,7 @@ static void NAME(const float *x, int64_t ldx, const WT *w, float *y, int64_t ldy
         for (int r = 0; r < RB; r++) wv[r] = LOADW(wk + r * VL);                              \
         for (int i = 0; i < TBN; i++) {                                                       \
             vf xb = splat(x[i * ldx + k]);                                                    \
-            for (int r = 0; r < RB; r++) acc[i][r] = __builtin_fmaf_vec(xb, wv[r], acc[i][r]);\
+            for (int r = 0; r < RB; r++) acc[i][r] = FMA(xb, wv[r], acc[i][r]);           \
         }                                                                                     \
     }                                                                                         \
     for (int i = 0; i < TBN; i++) {                                                           \
@@ -79,7 +79,7 @@ static void NAME(const float *x, int64_t ldx, const WT *w, float *y, int64_t ldy
 
 /* Vector FMA: GCC contracts a * b + c on vector types into vfmadd under -ffp-contract=fast,
  * which native.py passes explicitly so the contraction never depends on defaults. */
-#define __builtin_fmaf_vec(a, b, c) ((a) * (b) + (c))
+#define FMA(a, b, c) ((a) * (b) + (c))
 
 #define MICROS(T, WT, LOADW)                                                                  \
 MICRO(micro_##T##_1, WT, LOADW, 1) MICRO(micro_##T##_2, WT, LOADW, 2)                        \

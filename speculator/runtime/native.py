@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch  # noqa: F401  (loads torch's OpenMP runtime before the library; see above)
 
+from ..cache_lock import cache_root
+
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native.c")
@@ -40,10 +42,6 @@ SIGNATURES = {
     "lean_attention": (_VOID, _VOID, _VOID, _VOID, _VOID, _VOID, _VOID, _VOID, _VOID, _VOID,
                        _INT, _INT, _INT, _INT, _INT, _INT, _FLOAT),
 }
-
-
-def _cache_dir() -> Path:
-    return Path(os.environ.get("SPECLAB_CACHE", Path.home() / ".cache" / "speclab")) / "native"
 
 
 def _compiler() -> str | None:
@@ -84,7 +82,7 @@ def load(march: str = MARCH) -> ctypes.CDLL | None:
         log.warning("no C compiler found: the lean runtime uses its slower pure-torch path")
         return None
     try:
-        out = _cache_dir() / f"lean-{_build_key(cc, march)}.so"
+        out = cache_root() / "native" / f"lean-{_build_key(cc, march)}.so"
         if not out.is_file():
             _compile(cc, out, march)
         lib = ctypes.CDLL(str(out))
