@@ -12,12 +12,27 @@
  *
  * Compiled at first use with the machine's own flags (-march=native, see native.py);
  * GCC vector extensions give AVX-512 or AVX2 code from the same source. The pure-torch
- * reference of each kernel is in reference.py. Compute is fp32; weights are fp32 or bf16
- * (a bf16 weight is the upper half of an fp32 word, widened exactly on load).
+ * reference of each kernel is in ops.py (TorchOps). Compute is fp32; weights are fp32 or
+ * bf16 (a bf16 weight is the upper half of an fp32 word, widened exactly on load).
+ *
+ * On CPUs with AVX512-BF16 (vdpbf16ps), a GEMM over bf16 weights instead rounds its input
+ * rows to bf16 (round-to-nearest-even, as torch's .to(bfloat16)) and multiplies bf16 pairs
+ * with fp32 accumulation, as transformers' bf16 matmuls do. Why: widening each bf16 weight
+ * to fp32 costs more instructions than the FMA that uses it, so a k-token verification was
+ * ~1.8x a 1-token step; the pair instruction does two products per lane with no widening.
+ * Weights are then packed as pairs ([blocks, K/2, NR, 2], see lean_bf16_dot); the path is
+ * the same for every M, so batch invariance holds unchanged.
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#include <immintrin.h>
+#define BF16_DOT 1
+#else
+#define BF16_DOT 0
+#endif
 
 #if defined(__AVX512F__)
 #define VL 16 /* floats per vector register */
@@ -35,6 +50,8 @@ typedef uint32_t vu __attribute__((vector_size(VL * 4)));
 
 int lean_vector_len(void) { return VL; }
 int lean_pack_width(void) { return NR; }
+/* 1 where bf16 weights are multiplied as bf16 pairs (packed [blocks, ceil(K/2), NR, 2]). */
+int lean_bf16_dot(void) { return BF16_DOT; }
 
 static inline vf load_f32(const float *p) { vf v; memcpy(&v, p, sizeof v); return v; }
 static inline void store_f32(float *p, vf v) { memcpy(p, &v, sizeof v); }
@@ -44,6 +61,23 @@ static inline vf load_bf16(const uint16_t *p) {
     vf f; memcpy(&f, &u, sizeof f); return f;
 }
 static inline vf splat(float x) { return (vf){0} + x; }
+
+/* A micro-tile's accumulators acc[tbn][RB] into y (or added to it), clipped at N outputs. */
+static inline void store_tile(const vf *acc, int tbn, float *y, int64_t ldy, int n0, int N, int accumulate) {
+    for (int i = 0; i < tbn; i++) {
+        float *yi = y + i * ldy;
+        for (int r = 0; r < RB; r++) {
+            int n = n0 + r * VL;
+            vf v = acc[i * RB + r];
+            if (n + VL <= N) {
+                if (accumulate) v = load_f32(yi + n) + v;
+                store_f32(yi + n, v);
+            } else {
+                for (int j = 0; j < VL && n + j < N; j++) yi[n + j] = accumulate ? yi[n + j] + v[j] : v[j];
+            }
+        }
+    }
+}
 
 /* One micro-tile: rows t0..t0+tb of y, outputs nb*NR..+NR. acc[i][r] += x[i,k] * w[k, r]
  * for k = 0..K-1 in order: each output's sum is one fused multiply-add chain over k. */
@@ -61,20 +95,7 @@ static void NAME(const float *x, int64_t ldx, const WT *w, float *y, int64_t ldy
             for (int r = 0; r < RB; r++) acc[i][r] = FMA(xb, wv[r], acc[i][r]);           \
         }                                                                                     \
     }                                                                                         \
-    for (int i = 0; i < TBN; i++) {                                                           \
-        float *yi = y + i * ldy;                                                              \
-        for (int r = 0; r < RB; r++) {                                                        \
-            int n = n0 + r * VL;                                                              \
-            if (n + VL <= N) {                                                                \
-                vf v = acc[i][r];                                                             \
-                if (accumulate) v = load_f32(yi + n) + v;                                     \
-                store_f32(yi + n, v);                                                         \
-            } else {                                                                          \
-                for (int j = 0; j < VL && n + j < N; j++)                                     \
-                    yi[n + j] = accumulate ? yi[n + j] + acc[i][r][j] : acc[i][r][j];         \
-            }                                                                                 \
-        }                                                                                     \
-    }                                                                                         \
+    store_tile(acc[0], TBN, y, ldy, n0, N, accumulate);                                       \
 }
 
 /* Vector FMA: GCC contracts a * b + c on vector types into vfmadd under -ffp-contract=fast,
@@ -94,12 +115,74 @@ static const micro_fn MICRO_F32[TB + 1] = {0, (micro_fn)micro_f32_1, (micro_fn)m
 static const micro_fn MICRO_BF16[TB + 1] = {0, (micro_fn)micro_bf16_1, (micro_fn)micro_bf16_2,
     (micro_fn)micro_bf16_3, (micro_fn)micro_bf16_4, (micro_fn)micro_bf16_5, (micro_fn)micro_bf16_6};
 
+#if BF16_DOT
+/* The bf16-pair micro-tile: x rows already rounded to bf16 (K2 pairs each), w a pair panel
+ * [K2, NR, 2]. acc[i][r] lane j += x[i,2k] w[2k,n] + x[i,2k+1] w[2k+1,n], k = 0..K2-1 in order. */
+#define MICRO_DOT(NAME, TBN)                                                                   \
+static void NAME(const uint16_t *x, int64_t ldx, const uint16_t *w, float *y, int64_t ldy,     \
+                 int K2, int n0, int N, int accumulate) {                                     \
+    vf acc[TBN][RB];                                                                          \
+    for (int i = 0; i < TBN; i++) for (int r = 0; r < RB; r++) acc[i][r] = (vf){0};           \
+    for (int k = 0; k < K2; k++) {                                                            \
+        const uint16_t *wk = w + (int64_t)k * NR * 2;                                         \
+        __m512bh wv[RB];                                                                      \
+        for (int r = 0; r < RB; r++) wv[r] = (__m512bh)_mm512_loadu_si512(wk + r * VL * 2);   \
+        for (int i = 0; i < TBN; i++) {                                                       \
+            uint32_t pair;                                                                    \
+            memcpy(&pair, x + i * ldx + 2 * k, sizeof pair);                                  \
+            __m512bh xb = (__m512bh)_mm512_set1_epi32((int)pair);                             \
+            for (int r = 0; r < RB; r++) acc[i][r] = _mm512_dpbf16_ps(acc[i][r], xb, wv[r]);  \
+        }                                                                                     \
+    }                                                                                         \
+    store_tile(acc[0], TBN, y, ldy, n0, N, accumulate);                                       \
+}
+MICRO_DOT(micro_dot_1, 1) MICRO_DOT(micro_dot_2, 2) MICRO_DOT(micro_dot_3, 3)
+MICRO_DOT(micro_dot_4, 4) MICRO_DOT(micro_dot_5, 5) MICRO_DOT(micro_dot_6, 6)
+typedef void (*micro_dot_fn)(const uint16_t *, int64_t, const uint16_t *, float *, int64_t, int, int, int, int);
+static const micro_dot_fn MICRO_DOT_FNS[TB + 1] = {0, micro_dot_1, micro_dot_2, micro_dot_3, micro_dot_4,
+                                                   micro_dot_5, micro_dot_6};
+
+/* fp32 -> bf16, round to nearest even (NaN stays NaN), bit for bit torch's .to(bfloat16). */
+static inline uint16_t to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static void gemm_bf16_dot(const float *x, int64_t ldx, const uint16_t *w, float *y, int64_t ldy,
+                          int M, int K, int N, int accumulate) {
+    const int blocks = (N + NR - 1) / NR, K2 = (K + 1) / 2;
+    uint16_t *xb = malloc((size_t)M * K2 * 2 * sizeof *xb);
+    if (xb == NULL) abort();
+#pragma omp parallel for schedule(static) if ((int64_t)M * K > 65536)
+    for (int t = 0; t < M; t++) {
+        const float *xt = x + t * ldx;
+        uint16_t *bt = xb + (int64_t)t * K2 * 2;
+        for (int k = 0; k < K; k++) bt[k] = to_bf16(xt[k]);
+        if (K & 1) bt[K] = 0; /* the padded half of the last pair */
+    }
+#pragma omp parallel for schedule(static)
+    for (int b = 0; b < blocks; b++) {
+        const uint16_t *panel = w + (size_t)b * K2 * NR * 2;
+        for (int t0 = 0; t0 < M; t0 += TB) {
+            int tb = M - t0 < TB ? M - t0 : TB;
+            MICRO_DOT_FNS[tb](xb + (int64_t)t0 * K2 * 2, K2 * 2, panel, y + t0 * ldy, ldy, K2, b * NR, N, accumulate);
+        }
+    }
+    free(xb);
+}
+#endif
+
 /* y[M, N] (+)= x[M, K] @ W^T, W prepacked as [ceil(N / NR), K, NR] (zero-padded outputs).
  * Threads split the output blocks; each block walks all M rows, so its K x NR weight panel
  * is read from memory once and reused from cache for every row tile. (Widening a bf16 panel
  * to fp32 once per block instead of per tile was measured slower at every M from 5 to 256.) */
 void lean_gemm(const float *x, int64_t ldx, const void *w, int w_bf16, float *y, int64_t ldy,
                int M, int K, int N, int accumulate) {
+#if BF16_DOT
+    if (w_bf16) { gemm_bf16_dot(x, ldx, w, y, ldy, M, K, N, accumulate); return; }
+#endif
     const int blocks = (N + NR - 1) / NR;
     const size_t esize = w_bf16 ? 2 : 4;
     const micro_fn *micro = w_bf16 ? MICRO_BF16 : MICRO_F32;

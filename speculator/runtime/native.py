@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("native.c")
 FLAGS = ("-O3", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC")
 # The instruction set: the machine's own, or SPECLAB_NATIVE_MARCH (e.g. haswell for the AVX2
-# code path on an AVX-512 machine, as the tests build it).
+# code path on an AVX-512 machine, skylake-avx512 for AVX-512 without its bf16 pair
+# products, as the tests build them).
 MARCH = os.environ.get("SPECLAB_NATIVE_MARCH", "native")
 _VOID, _I64, _INT, _FLOAT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 SIGNATURES = {
@@ -94,6 +95,7 @@ def load(march: str = MARCH) -> ctypes.CDLL | None:
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, None
     lib.lean_pack_width.restype = ctypes.c_int
+    lib.lean_bf16_dot.restype = ctypes.c_int
     return lib
 
 
@@ -101,3 +103,15 @@ def pack_width() -> int:
     """Outputs per packed weight panel (64 with AVX-512, 16 with AVX2)."""
     lib = load()
     return lib.lean_pack_width() if lib is not None else 0
+
+
+def cpu_flags() -> set[str]:
+    """This CPU's feature flags (Linux /proc/cpuinfo; empty elsewhere): which instruction
+    sets a build for another -march may run here."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()

@@ -5,7 +5,10 @@
   against, and the path on GPUs or machines without a C compiler.
 
 Activations are fp32 [M, width] row-major (M = batch rows x new tokens); weights are fp32
-or bf16, read as fp32 (a bf16 weight widens exactly). Shapes are in the comments.
+or bf16, read as fp32 (a bf16 weight widens exactly). Where the CPU multiplies bf16 pairs
+(AVX512-BF16, `NativeOps.bf16_dot`), a GEMM over bf16 weights first rounds its input rows
+to bf16; `TorchOps(round_bf16_inputs=True)` is that path's reference. Shapes are in the
+comments.
 """
 
 from __future__ import annotations
@@ -23,10 +26,11 @@ from . import native
 class Weight:
     """A linear layer's weight [N, K] in the layout its backend reads."""
 
-    data: torch.Tensor  # native: [ceil(N / NR), K, NR] packed panels; torch: [N, K]
+    data: torch.Tensor  # native: [ceil(N / NR), K, NR] panels ([.., ceil(K/2), NR, 2] bf16 pairs); torch: [N, K]
     out_features: int  # N
     in_features: int  # K
     bias: torch.Tensor | None = None  # [N] fp32
+    rounds_input: bool = False  # torch reference of the bf16-pair kernels: x rounded to bf16 first
 
 
 def _ptr(t: torch.Tensor | None):
@@ -39,15 +43,23 @@ class NativeOps:
     def __init__(self, lib):
         self.lib = lib
         self.width = lib.lean_pack_width()
+        self.bf16_dot = bool(lib.lean_bf16_dot())
 
     def pack(self, w: torch.Tensor, bias: torch.Tensor | None = None) -> Weight:
         """[N, K] -> panels [ceil(N / NR), K, NR]: a panel's K x NR block is contiguous, so a
-        thread streams it once and every row tile reuses it from cache."""
+        thread streams it once and every row tile reuses it from cache. bf16 weights on a
+        bf16-pair CPU: [ceil(N / NR), ceil(K / 2), NR, 2], the two weights one instruction
+        multiplies side by side (an odd K is padded with a zero column)."""
         N, K = w.shape
         blocks = -(-N // self.width)
-        padded = w.new_zeros(blocks * self.width, K)
-        padded[:N] = w
-        panels = padded.view(blocks, self.width, K).transpose(1, 2).contiguous()
+        pairs = self.bf16_dot and w.dtype == torch.bfloat16
+        width_k = K + (K % 2) if pairs else K
+        padded = w.new_zeros(blocks * self.width, width_k)
+        padded[:N, :K] = w
+        if pairs:
+            panels = padded.view(blocks, self.width, width_k // 2, 2).permute(0, 2, 1, 3).contiguous()
+        else:
+            panels = padded.view(blocks, self.width, K).transpose(1, 2).contiguous()
         return Weight(panels, N, K, None if bias is None else bias.float().contiguous())
 
     def linear(self, x: torch.Tensor, w: Weight, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -87,15 +99,18 @@ class NativeOps:
 class TorchOps:
     name = "torch"
 
-    def __init__(self, compute_dtype: torch.dtype = torch.float32):
+    def __init__(self, compute_dtype: torch.dtype = torch.float32, round_bf16_inputs: bool = False):
         self.compute_dtype = compute_dtype
+        self.round_bf16_inputs = round_bf16_inputs  # the bf16-pair kernels' maths (see the module doc)
 
     def pack(self, w: torch.Tensor, bias: torch.Tensor | None = None) -> Weight:
         # Widened once: the maths of the native path (weights as stored, fp32 products).
         return Weight(w.to(self.compute_dtype).contiguous(), w.shape[0], w.shape[1],
-                      None if bias is None else bias.float())
+                      None if bias is None else bias.float(), self.round_bf16_inputs and w.dtype == torch.bfloat16)
 
     def linear(self, x, w: Weight, out=None):
+        if w.rounds_input:
+            x = x.to(torch.bfloat16)
         y = F.linear(x.to(w.data.dtype), w.data).float()
         if w.bias is not None:
             y = y + w.bias
