@@ -7,7 +7,10 @@ little more than one; a CPU pays nearly per token).
 
 1. The verification-cost curve: ms for the target to verify n tokens after a prompt, for
    each n of `cost_lengths`, through the target's public call (a tree mask that is a chain,
-   so tree verification's own path is timed), median of `cost_repeats`.
+   so tree verification's own path is timed), median of `cost_repeats`. It is a property of
+   the target and the machine, not of the speculator: measured once per target, dtype,
+   runtime and machine (speculator/machine_records.py) and reused by every later run
+   (`cost_cache: false` measures it every run); result.json says which.
 2. The tree's size from the curve: its budget is the largest n verified within
    `cost_slack` x the cost of one token (beyond that, every extra node costs more than it is
    likely to earn), depth and top_k from the config, depth capped at the budget.
@@ -29,6 +32,7 @@ from typing import Literal
 
 import torch
 
+from speclab.speculator import machine_records
 from speclab.speculator.base import Speculator
 from speclab.speculator.target import FrozenTarget
 
@@ -36,6 +40,8 @@ from .engine import effective_draft_len, generate_speculative
 from .tree import TreeConfig, generate_tree
 
 WARMUP_TOKENS = 4  # an untimed run per candidate: first calls of a shape are slower
+COST_CONTEXT = 128  # cached tokens the remembered curve is measured after (the prompt's tokens, tiled)
+COST_RECORDS = "verify-cost"  # the speclab cache folder of remembered curves
 
 
 @dataclass
@@ -56,6 +62,8 @@ class MethodConfig:
     """Timed verifications per n (the median is kept)."""
     cost_slack: float = 1.5
     """The tree's budget: the largest n verified within this many times one token's cost."""
+    cost_cache: bool = True
+    """Reuse the curve measured earlier for this target on this machine (false: measure every run)."""
     pilot_prompts: int = 2
     """Prompts the candidates decode in the pilot (the first of the eval set)."""
     pilot_tokens: int = 32
@@ -91,6 +99,27 @@ def verification_cost(target: FrozenTarget, prompt: torch.Tensor, lengths: list[
             FrozenTarget.rollback(cache, n)
         out[n] = statistics.median(times)
     return out
+
+
+def cost_curve(target: FrozenTarget, prompt: torch.Tensor, cfg: MethodConfig) -> tuple[dict[int, float], str]:
+    """(the verification-cost curve, where it came from): remembered per target and machine
+    where cfg.cost_cache, else measured after this prompt."""
+    if not cfg.cost_cache:
+        return verification_cost(target, prompt, cfg.cost_lengths, cfg.cost_repeats), "measured"
+    key = [target.name, target.model.config.to_json_string(), str(target.dtype), target.runtime, str(target.device),
+           sorted(set(cfg.cost_lengths)), cfg.cost_repeats, COST_CONTEXT]
+    record = machine_records.read(COST_RECORDS, key)
+    if record is not None:
+        try:
+            return {int(n): float(ms) for n, ms in record["verify_cost_ms"].items()}, "measured earlier on this machine"
+        except (KeyError, TypeError, ValueError, AttributeError):
+            pass  # unreadable: measure again
+    context = prompt[:, -1:].new_tensor(prompt[0].tolist() * (COST_CONTEXT // prompt.shape[1] + 1))[None, :COST_CONTEXT]
+    cost = verification_cost(target, context, cfg.cost_lengths, cfg.cost_repeats)
+    machine_records.write(COST_RECORDS, key, {"verify_cost_ms": {str(n): ms for n, ms in cost.items()},
+                                               "target": target.name, "runtime": target.runtime,
+                                               "machine": machine_records.machine_name()})
+    return cost, "measured"
 
 
 def tree_for(cost: dict[int, float], cfg: MethodConfig, speculator: Speculator) -> TreeConfig:
@@ -144,12 +173,12 @@ def choose(target: FrozenTarget, speculator: Speculator, prompts: list[torch.Ten
            max_new_tokens: int | None = None) -> dict:
     """result.json's `method` block: the cost curve, every candidate's pilot figures, the
     choice. The pilot decodes at most max_new_tokens (the eval's own budget) per prompt."""
-    cost = verification_cost(target, prompts[0], cfg.cost_lengths, cfg.cost_repeats)
+    cost, source = cost_curve(target, prompts[0], cfg)
     methods = candidates(speculator, cfg, tree_for(cost, cfg, speculator))
     tokens = min(cfg.pilot_tokens, max_new_tokens or cfg.pilot_tokens)
     tried = pilot(target, speculator, prompts[: cfg.pilot_prompts], methods, tokens)
     best = max((m for m in tried if m["tok_s"] is not None), key=lambda m: m["tok_s"])
-    return {"verify_cost_ms": {str(n): ms for n, ms in cost.items()},
+    return {"verify_cost_ms": {str(n): ms for n, ms in cost.items()}, "verify_cost_source": source,
             "pilot": {"prompts": min(cfg.pilot_prompts, len(prompts)), "max_new_tokens": tokens},
             "candidates": tried,
             "chosen": {key: best[key] for key in ("kind", "k", "shape", "depth", "top_k", "budget") if key in best}}

@@ -11,39 +11,22 @@ cost nothing. CUDA takes bf16 without measuring.
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 import logging
-import os
-import platform
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
-from .cache_lock import cache_root
+from . import machine_records
 
 log = logging.getLogger(__name__)
 CANDIDATES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+RECORDS = "dtype-choice"  # the speclab cache folder of the remembered choices (machine_records.py)
 PREFILL, STEPS, ROUNDS = 64, 6, 3
 
 
-def _machine() -> str:
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-        model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
-        flags = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("flags")), "")
-    except OSError:
-        model, flags = platform.processor(), ""
-    return f"{model}|{flags}|threads={torch.get_num_threads()}"
-
-
-def _record_path(model, name: str, runtime: str) -> Path:
-    from transformers import __version__ as hf_version
-
-    key = json.dumps([_machine(), name, model.config.to_json_string(), runtime, torch.__version__, hf_version, 1])
-    return cache_root() / "dtype-choice" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+def _key(model, name: str, runtime: str) -> list:
+    return [name, model.config.to_json_string(), runtime, 1]
 
 
 def _step_ms(target) -> float:
@@ -64,12 +47,10 @@ def measured_dtype(model, name: str, runtime: str, device: str, lean_backend: st
     """(fastest dtype, a record of how it was chosen) for `model` (any dtype) on this machine."""
     if device.startswith("cuda"):
         return torch.bfloat16, {"requested": "auto", "source": "cuda default"}
-    path = _record_path(model, name, f"{runtime}/{lean_backend}")
-    try:
-        record = json.loads(path.read_text())
+    key = _key(model, name, f"{runtime}/{lean_backend}")
+    record = machine_records.read(RECORDS, key)
+    if record is not None and record.get("fastest") in CANDIDATES:
         return CANDIDATES[record["fastest"]], {**record, "source": "measured earlier on this machine"}
-    except (OSError, ValueError, KeyError):
-        pass
     from .target import FrozenTarget
 
     targets = {key: FrozenTarget(copy.deepcopy(model).to(dtype=dt), None, name, runtime=runtime, lean_backend=lean_backend)
@@ -80,10 +61,7 @@ def measured_dtype(model, name: str, runtime: str, device: str, lean_backend: st
             samples[key].append(_step_ms(target))
     ms = {key: round(min(v), 3) for key, v in samples.items()}
     fastest = min(ms, key=ms.get)
-    record = {"requested": "auto", "fastest": fastest, "decode_step_ms": ms, "machine": _machine().split("|")[0]}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(record, indent=2))
-    os.replace(tmp, path)
+    record = {"requested": "auto", "fastest": fastest, "decode_step_ms": ms, "machine": machine_records.machine_name()}
+    machine_records.write(RECORDS, key, record)
     log.info("dtype auto: %s (decode step ms %s)", fastest, ms)
     return CANDIDATES[fastest], {**record, "source": "measured"}

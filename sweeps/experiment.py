@@ -20,6 +20,7 @@ from speclab.eval.method import MethodConfig, choose, tree_of
 from speclab.eval.prompts import encode_prompt, humaneval_prompts, load_prompts
 from speclab.speculator.base import Speculator, TargetInfo
 from speclab.speculator.families import build_config, build_speculator, speculator_class
+from speclab.speculator.hybrid import HybridSpeculator
 from speclab.speculator.lookup import TrainingFree
 from speclab.speculator.target import FrozenTarget
 from speclab.speculator.targets import cache_root
@@ -129,16 +130,36 @@ def eval_prompts(cfg: DictConfig, heldout: list[dict]) -> list[dict]:
 
 
 def evaluate(cfg: DictConfig, target: FrozenTarget, speculator: Speculator, prompts: list[dict]) -> dict:
-    """score() with the run's drafting method: a chain of eval.k, or the best of a pilot (eval/method.py)."""
+    """score() with the run's drafting method: a chain of eval.k, or the best of a pilot
+    (eval/method.py). A hybrid also scores its two parts alone on the same prompts, each
+    with its own best method (`parts`: where the hybrid beats both, and by how much)."""
     encoded = [encode_prompt(target.tokenizer, p, chat_template=cfg.eval.chat_template) for p in prompts]
     method = MethodConfig(**OmegaConf.to_container(cfg.eval.method, resolve=True)) \
         if "method" in cfg.eval else MethodConfig(select="fixed")
+    scored = _score_with(cfg, target, speculator, encoded, method)
+    if isinstance(speculator, HybridSpeculator) and cfg.eval.get("score_parts", True):
+        scored["parts"] = {name: _part_summary(_score_with(cfg, target, part, encoded, method))
+                           for name, part in (("learned", speculator.learned), ("suffix", speculator.suffix))}
+    return scored
+
+
+def _score_with(cfg: DictConfig, target: FrozenTarget, speculator: Speculator, encoded: list, method: MethodConfig) -> dict:
     if method.select == "fixed":
         return score(target, speculator.eval(), encoded, cfg.eval.max_new_tokens, cfg.eval.k)
     chosen = choose(target, speculator.eval(), encoded, method, cfg.eval.max_new_tokens)
     scored = score(target, speculator, encoded, cfg.eval.max_new_tokens, chosen["chosen"].get("k", cfg.eval.k),
                    tree=tree_of(chosen["chosen"]))
     return {**scored, "method": chosen}
+
+
+def _part_summary(scored: dict) -> dict:
+    """What result.json keeps of a hybrid's part scored alone."""
+    acceptance, throughput = scored["acceptance"], scored["throughput"]
+    return {"speedup": throughput["speedup"], "spec_tok_s": throughput["spec_tok_s"],
+            "baseline_tok_s": throughput["baseline_tok_s"],
+            "mean_acceptance_length": acceptance["mean_acceptance_length"],
+            "per_position": acceptance["per_position"], "lossless_mismatches": scored["lossless"]["mismatches"],
+            "method": scored.get("method", {}).get("chosen", {"kind": "chain", "k": acceptance["k"]})}
 
 
 def run_experiment(cfg: DictConfig, run_dir: Path) -> dict:
@@ -160,8 +181,8 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict:
         result["target"] = {"name": target.name, "runtime": target.runtime,
                             "dtype": str(target.dtype).removeprefix("torch."),
                             "dtype_choice": getattr(target, "dtype_choice", None)}
-        result.update({key: scored[key] for key in ("acceptance", "throughput", "lossless", "timing", "ci", "method")
-                       if key in scored})
+        result.update({key: scored[key] for key in ("acceptance", "throughput", "lossless", "timing", "ci", "method",
+                                                    "parts") if key in scored})
         result["eval"] = {"per_prompt": scored.get("per_prompt"), "k": cfg.eval.k,
                           "max_new_tokens": cfg.eval.max_new_tokens}
         log_final(run_dir, cfg, result)  # measured acceptance + speedup into the wandb run (offline by default)

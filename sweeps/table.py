@@ -115,9 +115,29 @@ def note(row: dict, baseline: dict | None) -> str:
         return reason if len(reason) <= NOTE_CHARS else reason[: NOTE_CHARS - 3] + "..."
     if row.get("family") in BASELINE_FAMILIES:
         return "baseline"
+    notes = []
     if baseline is not None and row["speedup"] < baseline["speedup"]:
-        return f"below baseline ({baseline['family']} {format_speedup(baseline['speedup'])})"
-    return ""
+        notes.append(f"below baseline ({baseline['family']} {format_speedup(baseline['speedup'])})")
+    parts = parts_of(row)
+    if parts:
+        verdict = "beats its parts" if row["speedup"] > max(parts.values()) else "parts"
+        notes.append(f"{verdict} ({', '.join(f'{name} {format_speedup(x)}' for name, x in parts.items())})")
+    return "; ".join(notes)
+
+
+def parts_of(row: dict) -> dict[str, float]:
+    """A hybrid's parts scored alone in its run: {part: speedup} ({} when absent or malformed)."""
+    parts = (row.get("result") or {}).get("parts")
+    if not isinstance(parts, dict):
+        return {}
+    out = {}
+    for name in ("learned", "suffix"):
+        block = parts.get(name)
+        speedup = block.get("speedup") if isinstance(block, dict) else None
+        if not _is_number(speedup):
+            return {}
+        out[name] = float(speedup)
+    return out
 
 
 def sort_by_speedup(rows: list[dict]) -> list[dict]:

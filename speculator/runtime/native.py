@@ -99,6 +99,16 @@ def load(march: str = MARCH) -> ctypes.CDLL | None:
     return lib
 
 
+@lru_cache(maxsize=None)
+def build_id(march: str = MARCH) -> str:
+    """What identifies the kernels this machine runs (source, flags, compiler, CPU features),
+    or "none" where they are not built: part of the key of timings remembered per machine."""
+    cc = _compiler()
+    if cc is None or os.environ.get("SPECLAB_NATIVE", "1") == "0":
+        return "none"
+    return _build_key(cc, march)
+
+
 def pack_width() -> int:
     """Outputs per packed weight panel (64 with AVX-512, 16 with AVX2)."""
     lib = load()

@@ -1,11 +1,13 @@
 """Choosing a run's drafting method: the verification-cost curve, the tree it affords, and a
 pilot whose choice follows the measured speed (a target made slow at trees picks a chain)."""
 
+import dataclasses
 import time
 
 import pytest
 
-from speclab.eval.method import MethodConfig, candidates, choose, pilot, tree_for, tree_of, verification_cost
+from speclab.eval.method import (MethodConfig, candidates, choose, cost_curve, pilot, tree_for, tree_of,
+                                 verification_cost)
 from speclab.speculator.base import TargetInfo
 from speclab.speculator.families import build_speculator
 from speculator_stubs import OracleSpeculator, scripted
@@ -32,7 +34,7 @@ class Slowed:
 
 
 PILOT = MethodConfig(chain_k=[1, 3], tree_depth=3, tree_top_k=2, cost_lengths=[1, 2, 4, 8], cost_repeats=1,
-                     pilot_prompts=1, pilot_tokens=12)
+                     pilot_prompts=1, pilot_tokens=12, cost_cache=False)
 
 
 def test_cost_curve_has_every_length_and_grows_with_a_slow_tree_path(target, prompt):
@@ -40,6 +42,20 @@ def test_cost_curve_has_every_length_and_grows_with_a_slow_tree_path(target, pro
     assert list(fast) == [1, 2, 4] and all(ms > 0 for ms in fast.values())
     slow = verification_cost(Slowed(target, "tree"), prompt, [1, 4], repeats=1)
     assert min(slow.values()) > DELAY_S * 1e3  # it timed the tree-mask path
+
+
+def test_the_cost_curve_is_measured_once_per_target_and_machine(target, prompt, monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECLAB_CACHE", str(tmp_path))
+    cfg = MethodConfig(cost_lengths=[1, 2], cost_repeats=1)
+    first, source = cost_curve(target, prompt, cfg)
+    assert source == "measured" and list(first) == [1, 2]
+    # the same target made slow at trees: a new measurement would exceed DELAY_S per length
+    again, source = cost_curve(Slowed(target, "tree"), prompt, cfg)
+    assert source == "measured earlier on this machine" and again == first
+    fresh, source = cost_curve(Slowed(target, "tree"), prompt, dataclasses.replace(cfg, cost_cache=False))
+    assert source == "measured" and min(fresh.values()) > DELAY_S * 1e3
+    other, source = cost_curve(target, prompt, dataclasses.replace(cfg, cost_lengths=[1, 4]))
+    assert source == "measured" and list(other) == [1, 4]  # another curve is another record
 
 
 def test_tree_budget_is_the_most_tokens_within_the_slack():

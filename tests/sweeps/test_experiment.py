@@ -59,3 +59,23 @@ def test_a_training_free_family_is_scored_without_training(tmp_path, monkeypatch
     assert result["train"]["steps"] == 0
     assert result["lossless"]["checked_prompts"] == 2 and result["lossless"]["mismatches"] == 0
     assert (run_dir / result["checkpoint"] / "config.json").is_file()  # exportable like any run
+
+
+def test_a_hybrid_run_also_scores_its_parts_alone(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECLAB_CACHE", str(tmp_path / "cache"))
+    with initialize_config_module(config_module="speclab.configs", version_base=None):
+        cfg = compose("config", overrides=[
+            "target=tiny", "training=smoke", "speculator=hybrid", "speculator.learned.inner_dim=32",
+            "speculator.learned.draft_vocab_size=0", "threads=1", "wandb.mode=disabled", "training.max_steps=2",
+            "training.supervisor.heartbeat_timeout_s=5", "data.num_prompts=8", "data.max_response_tokens=16",
+            "data.heldout_size=1", "eval.max_new_tokens=6", "eval.humaneval_prompts=1", "eval.heldout_prompts=1",
+            "eval.method.select=fixed", f"runs_dir={tmp_path / 'runs'}"])
+    run_dir = tmp_path / "runs" / "hybrid"
+    run_dir.mkdir(parents=True)
+    result = experiment.run_experiment(cfg, run_dir)
+    assert result["status"] == "completed" and result["speculator"]["family"] == "hybrid"
+    parts = result["parts"]
+    assert set(parts) == {"learned", "suffix"}
+    for part in parts.values():  # each scored on the same prompts, lossless, with its own figures
+        assert part["lossless_mismatches"] == 0 and part["speedup"] > 0 and part["mean_acceptance_length"] >= 1
+        assert part["method"]["kind"] == "chain"

@@ -139,6 +139,19 @@ def test_rows_below_the_best_baseline_are_marked(tmp_path):
     assert list(lines)[:4] == ["eagle", "suffix", "mlp", "ngram"]
 
 
+def test_a_hybrid_row_says_whether_it_beats_its_parts(tmp_path):
+    root = tmp_path / "runs"
+    for name, speedup, parts in (("good", 1.9, (1.1, 1.8)), ("weak", 1.7, (1.1, 1.8)), ("odd", 1.7, ("x", 1.8))):
+        run_dir = make_run(root, name, speedup=speedup, family="hybrid")
+        result = read_result(run_dir)
+        result["parts"] = {"learned": {"speedup": parts[0]}, "suffix": {"speedup": parts[1]}}
+        write_result(run_dir, result)
+    lines = {line.split()[0]: line.rstrip() for line in format_table(rebuild(root)).splitlines()[2:5]}
+    assert lines["good"].endswith("beats its parts (learned 1.10x, suffix 1.80x)")
+    assert lines["weak"].endswith("parts (learned 1.10x, suffix 1.80x)") and "beats" not in lines["weak"]
+    assert "parts" not in lines["odd"]  # a malformed parts block is not shown
+
+
 def test_the_table_shows_the_method_each_run_chose(tmp_path):
     root = tmp_path / "runs"
     chain, tree = make_run(root, "chain"), make_run(root, "tree", speedup=1.5)

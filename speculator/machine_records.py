@@ -1,0 +1,62 @@
+"""Measurements remembered per machine and software stack, under the speclab cache.
+
+Some choices are made by timing this machine (the dtype a target decodes fastest in, the
+target's verification-cost curve), and the timing is worth doing once, not on every run.
+A record is keyed by everything that changes the timing: the CPU and its flags, the thread
+count, torch's and transformers' versions, the lean kernels' build (their source and
+flags), and what the caller adds (the model, the runtime, the lengths). A record is
+written atomically; one that cannot be read is measured again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+from pathlib import Path
+
+import torch
+
+from .cache_lock import cache_root
+
+
+def machine_id() -> str:
+    """The CPU model, its feature flags and the thread count."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+        model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
+        flags = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("flags")), "")
+    except OSError:
+        model, flags = platform.processor(), ""
+    return f"{model}|{flags}|threads={torch.get_num_threads()}"
+
+
+def machine_name() -> str:
+    return machine_id().split("|")[0]
+
+
+def _path(kind: str, parts: list) -> Path:
+    from transformers import __version__ as hf_version
+
+    from .runtime import native
+
+    key = json.dumps([machine_id(), torch.__version__, hf_version, native.build_id(), *parts], default=str)
+    return cache_root() / kind / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
+def read(kind: str, parts: list) -> dict | None:
+    """The record stored for these key parts, or None (absent or unreadable)."""
+    try:
+        record = json.loads(_path(kind, parts).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def write(kind: str, parts: list, record: dict) -> None:
+    path = _path(kind, parts)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(record, indent=2))
+    os.replace(tmp, path)

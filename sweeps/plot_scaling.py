@@ -1,0 +1,165 @@
+"""The data-scaling study's figure and table: acceptance against training tokens.
+
+    python -m speclab.sweeps.plot_scaling --runs DIR [--out docs/data_scaling.svg] [--markdown]
+
+One point per counted run (completed, checked lossless, speedup measured: table.counts):
+x = the training tokens it trained on (every stage's, log scale), y = its mean acceptance
+length, one line per recipe x family; the training-free baselines scored in the same sweep
+are drawn as dashed horizontal lines. `--markdown` prints the table (tokens x recipe x
+family: acceptance length, per-position rates, speedup, data and training seconds). The
+recipe is read from the run's resolved config (stages: two_stage; a code_corpus source:
+teacher_forced; otherwise self_distilled). Every figure comes from result.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+from xml.sax.saxutils import escape
+
+from .index import load_rows
+from .table import BASELINE_FAMILIES, counts, format_per_position
+
+W, H, PAD, LEFT, BOTTOM = 640, 360, 20, 60, 40
+COLOURS = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974"]
+
+
+def recipe_of(config: dict) -> str:
+    training, data = config.get("training") or {}, config.get("data") or {}
+    if training.get("stages"):
+        return "two_stage"
+    return "teacher_forced" if data.get("source") == "code_corpus" else "self_distilled"
+
+
+def _number(value) -> float | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None
+
+
+def _data_seconds(data: dict) -> float | None:
+    """Seconds the run's data cost: building it (generation) and its target features."""
+    blocks = data.get("stages") if isinstance(data.get("stages"), list) else [data]
+    total = 0.0
+    for block in blocks:
+        if not isinstance(block, dict):
+            return None
+        total += _number(block.get("build_seconds")) or 0.0
+    for feature in data.get("feature_cache") or []:
+        total += _number(feature.get("seconds") if isinstance(feature, dict) else None) or 0.0
+    return total
+
+
+def points(runs_dir: Path) -> tuple[list[dict], list[dict]]:
+    """(learned runs as scaling points, baselines): figures read from each result.json."""
+    learned, baselines = [], []
+    for row in load_rows(runs_dir):
+        if not counts(row) or row["acceptance_length"] is None:
+            continue
+        result = row["result"]
+        if row["family"] in BASELINE_FAMILIES:
+            baselines.append({"family": row["family"], "acceptance_length": row["acceptance_length"],
+                              "speedup": row["speedup"]})
+            continue
+        data = result.get("data") if isinstance(result.get("data"), dict) else {}
+        stages = data.get("stages") if isinstance(data.get("stages"), list) else [data]
+        tokens = sum(_number(s.get("assistant_tokens")) or 0 for s in stages if isinstance(s, dict))
+        if not tokens:
+            continue
+        train = result.get("train") if isinstance(result.get("train"), dict) else {}
+        learned.append({"run": row["run_id"], "recipe": recipe_of(result.get("config") or {}), "family": row["family"],
+                        "tokens": int(tokens), "acceptance_length": row["acceptance_length"],
+                        "per_position": row["per_position"], "speedup": row["speedup"],
+                        "data_s": _data_seconds(data), "train_s": _number(train.get("wall_s"))})
+    learned.sort(key=lambda p: (p["recipe"], p["family"], p["tokens"]))
+    return learned, baselines
+
+
+def markdown(learned: list[dict], baselines: list[dict]) -> str:
+    lines = ["| recipe | family | training tokens | acceptance length | per position | speedup | data s | train s |",
+             "|---|---|---|---|---|---|---|---|"]
+    for p in learned:
+        seconds = " | ".join("–" if p[key] is None else f"{p[key]:.0f}" for key in ("data_s", "train_s"))
+        lines.append(f"| {p['recipe']} | {p['family']} | {p['tokens']:,} | {p['acceptance_length']:.2f} | "
+                     f"{format_per_position(p['per_position'])} | {p['speedup']:.2f}x | {seconds} |")
+    for b in baselines:
+        lines.append(f"| (baseline) | {b['family']} | 0 | {b['acceptance_length']:.2f} | | {b['speedup']:.2f}x | | |")
+    return "\n".join(lines)
+
+
+def svg(learned: list[dict], baselines: list[dict], title: str) -> str:
+    """Acceptance length against log10(tokens): a polyline per recipe x family."""
+    values = [p["acceptance_length"] for p in learned] + [b["acceptance_length"] for b in baselines]
+    lo_y, hi_y = 1.0, max(values + [1.5]) * 1.05
+    xs = [math.log10(p["tokens"]) for p in learned] or [4.0, 6.0]
+    lo_x, hi_x = math.floor(min(xs)), math.ceil(max(xs) + 1e-9)
+    hi_x = max(hi_x, lo_x + 1)
+    plot_w, plot_h = W - LEFT - PAD, H - BOTTOM - 2 * PAD
+
+    def x(tokens: float) -> float:
+        return LEFT + (math.log10(tokens) - lo_x) / (hi_x - lo_x) * plot_w
+
+    def y(value: float) -> float:
+        return PAD + 20 + (1 - (value - lo_y) / (hi_y - lo_y)) * plot_h
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H + 20 * len(set((p["recipe"], p["family"]) for p in learned))}" '
+           'font-family="sans-serif" font-size="11">',
+           f'<text x="{LEFT}" y="{PAD}" font-size="13">{escape(title)}</text>',
+           f'<line x1="{LEFT}" y1="{y(lo_y)}" x2="{LEFT + plot_w}" y2="{y(lo_y)}" stroke="#333"/>',
+           f'<line x1="{LEFT}" y1="{y(lo_y)}" x2="{LEFT}" y2="{y(hi_y)}" stroke="#333"/>']
+    for decade in range(lo_x, hi_x + 1):
+        out.append(f'<text x="{x(10 ** decade)}" y="{y(lo_y) + 14}" text-anchor="middle">1e{decade}</text>')
+    out.append(f'<text x="{LEFT + plot_w / 2}" y="{y(lo_y) + 30}" text-anchor="middle">training tokens (log)</text>')
+    steps = 5
+    for i in range(steps + 1):
+        value = lo_y + (hi_y - lo_y) * i / steps
+        out.append(f'<text x="{LEFT - 6}" y="{y(value) + 4}" text-anchor="end">{value:.2f}</text>')
+    out.append(f'<text x="14" y="{y((lo_y + hi_y) / 2)}" transform="rotate(-90 14 {y((lo_y + hi_y) / 2)})" '
+               'text-anchor="middle">mean acceptance length</text>')
+    for b in baselines:
+        yy = y(b["acceptance_length"])
+        out.append(f'<line x1="{LEFT}" y1="{yy}" x2="{LEFT + plot_w}" y2="{yy}" stroke="#999" stroke-dasharray="4 3"/>')
+        out.append(f'<text x="{LEFT + plot_w - 4}" y="{yy - 4}" text-anchor="end" fill="#666">'
+                   f'{escape(b["family"])} {b["speedup"]:.2f}x</text>')
+    series: dict[tuple[str, str], list[dict]] = {}
+    for p in learned:
+        series.setdefault((p["recipe"], p["family"]), []).append(p)
+    for i, ((recipe, family), pts) in enumerate(sorted(series.items())):
+        colour = COLOURS[i % len(COLOURS)]
+        path = " ".join(f"{x(p['tokens']):.1f},{y(p['acceptance_length']):.1f}" for p in pts)
+        out.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2"/>')
+        for p in pts:
+            out.append(f'<circle cx="{x(p["tokens"]):.1f}" cy="{y(p["acceptance_length"]):.1f}" r="3" fill="{colour}">'
+                       f'<title>{escape(p["run"])}: {p["acceptance_length"]:.2f}, {p["speedup"]:.2f}x</title></circle>')
+        out.append(f'<rect x="{LEFT}" y="{H + 20 * i - 8}" width="10" height="10" fill="{colour}"/>')
+        out.append(f'<text x="{LEFT + 16}" y="{H + 20 * i + 1}">{escape(recipe)} · {escape(family)}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=Path, required=True, help="a runs directory (e.g. a data_scaling sweep's)")
+    parser.add_argument("--out", type=Path, default=None, help="write the SVG figure here")
+    parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    parser.add_argument("--title", default="Mean acceptance length against training tokens")
+    args = parser.parse_args(argv)
+    if not args.runs.is_dir():
+        print(f"error: {args.runs} is not a directory", file=sys.stderr)
+        return 2
+    learned, baselines = points(args.runs)
+    if not learned:
+        print(f"error: no counted learned runs with training tokens under {args.runs}", file=sys.stderr)
+        return 1
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(svg(learned, baselines, args.title))
+        print(f"wrote {args.out} ({len(learned)} runs, {len(baselines)} baselines)")
+    if args.markdown or not args.out:
+        print(markdown(learned, baselines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
