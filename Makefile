@@ -1,4 +1,4 @@
-# Quick start: `make demo` (the `quick` sweep on the embedded SmolLM2 target: train, score,
+# Quick start: `make demo` (the `demo` sweep on the embedded SmolLM2 target: train, score,
 # print the leaderboard, export the best; rerunning it skips the runs already done),
 # `make test` (the whole suite). Both create .venv and install what they need.
 VENV ?= .venv
@@ -32,7 +32,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	touch $@
 
 demo: install
-	$(SPECLAB) sweep quick runs_dir=$(DEMO_RUNS)
+	$(SPECLAB) sweep demo runs_dir=$(DEMO_RUNS)
 	$(SPECLAB) runs --runs $(DEMO_RUNS)
 	$(SPECLAB) export --best --metric speedup --runs $(DEMO_RUNS) --out $(DEMO_EXPORT)
 	@echo "exported speculator: $(DEMO_EXPORT)"

@@ -53,8 +53,13 @@ def _data_seconds(data: dict) -> float | None:
 
 def points(runs_dir: Path) -> tuple[list[dict], list[dict]]:
     """(learned runs as scaling points, baselines): figures read from each result.json."""
+    return points_of(load_rows(runs_dir))
+
+
+def points_of(rows: list[dict]) -> tuple[list[dict], list[dict]]:
+    """points() over rows already loaded (index.load_rows)."""
     learned, baselines = [], []
-    for row in load_rows(runs_dir):
+    for row in rows:
         if not counts(row) or row["acceptance_length"] is None:
             continue
         result = row["result"]

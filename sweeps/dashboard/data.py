@@ -19,6 +19,7 @@ from typing import Any
 
 from ..halving import DECISIONS_FILE, read_decisions
 from ..index import find_run_dirs, load_rows
+from ..plot_scaling import points_of
 from ..results import PROCESS_FILE, RESULT_FILE, result_problem
 from ..table import best_baseline, counts, note
 
@@ -34,7 +35,9 @@ def state(root: Path) -> dict:
     baseline = best_baseline(rows)  # the bar every learned run is read against (table.py)
     runs = [{**run_entry(root, row), "counts": counts(row), "note": note(row, baseline)} for row in rows]
     runs += [live_entry(root, d) for d in running_dirs(root)]
-    return {"root": str(root), "generated_at": time.time(), "runs": runs, "sweeps": sweeps(root)}
+    learned, baselines = points_of(rows)
+    return {"root": str(root), "generated_at": time.time(), "runs": runs, "sweeps": sweeps(root),
+            "scaling": {"points": learned, "baselines": baselines}}
 
 
 def run_entry(root: Path, row: dict) -> dict:

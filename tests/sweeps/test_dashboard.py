@@ -28,6 +28,12 @@ def add_training(run_dir, losses, rollbacks=(), restarts=()):
     write_result(run_dir, result)
 
 
+def add_data(run_dir, tokens):
+    result = read_result(run_dir)
+    result["data"] = {"assistant_tokens": tokens, "build_seconds": 3.0}
+    write_result(run_dir, result)
+
+
 @pytest.fixture
 def runs(tmp_path):
     root = tmp_path / "runs"
@@ -41,6 +47,7 @@ def runs(tmp_path):
     (sweep / "multirun.yaml").write_text("hydra: {}\n")
     add_training(a, [3.0 - 0.01 * i for i in range(60)], rollbacks=[(20, 10)], restarts=[40])
     add_training(evil, [2.0] * 10)
+    add_data(a, 30_000), add_data(b, 100_000)  # two points of the data-scaling chart
     # a job still training: no result.json yet, a live Lightning CSV log
     (sweep / "3-mlp-dddd" / "logs").mkdir()
     (sweep / "3-mlp-dddd" / "logs" / "metrics.csv").write_text("step,train/loss\n0,4.0\n1,3.5\n2,3.2\n")
@@ -111,6 +118,8 @@ def test_page_in_headless_chromium(served):
         assert browser.evaluate("document.querySelectorAll('#pareto polyline.front').length") == 1
         assert browser.evaluate("document.querySelectorAll('#acceptance polyline.curve').length") == 3
         assert browser.evaluate("document.querySelectorAll('#loss polyline.curve').length") == 3
+        assert browser.evaluate("document.querySelectorAll('#scaling circle.point').length") == 2
+        assert browser.evaluate("document.querySelectorAll('#scaling-legend span').length") == 2  # mlp, draft_lm
         assert browser.evaluate("[...document.querySelectorAll('#loss .marker')].map(m => m.classList[1]).sort().join()") \
             == "restart,rollback,spike"
         assert browser.evaluate("document.querySelectorAll('.halving tr').length") == 3
@@ -142,8 +151,12 @@ def test_page_in_headless_chromium(served):
 def test_state_says_which_runs_count_and_marks_the_baselines(runs):
     make_run(runs / "sweep-quick", "baseline-suffix", family="suffix", params=0, speedup=1.2)
     make_run(runs / "sweep-quick", "lossy-mlp", speedup=2.5, mismatches=1)
-    by_dir = {r["run_dir"]: r for r in state(runs)["runs"]}
+    payload = state(runs)
+    by_dir = {r["run_dir"]: r for r in payload["runs"]}
     assert by_dir["sweep-quick/baseline-suffix"]["note"] == "baseline"
+    scaling = payload["scaling"]  # the data-scaling chart: learned runs with tokens, the baselines as lines
+    assert sorted(p["tokens"] for p in scaling["points"]) == [30_000, 100_000]
+    assert [b["family"] for b in scaling["baselines"]] == ["suffix"]
     assert by_dir["sweep-quick/0-mlp-aaaa"]["counts"] and by_dir["sweep-quick/0-mlp-aaaa"]["note"] == ""  # 1.4x
     assert by_dir["sweep-quick/1-draft_lm-bbbb"]["note"] == "below baseline (suffix 1.20x)"  # 1.1x
     failed, lossy = by_dir["sweep-quick/2-eagle3-cccc"], by_dir["sweep-quick/lossy-mlp"]

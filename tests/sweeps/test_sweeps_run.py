@@ -25,7 +25,9 @@ SMALLEST = ["training.max_steps=2", "eval.max_new_tokens=6", "eval.humaneval_pro
 EXTRA = {"halving": ["hydra.sweeper.min_budget=2", "hydra.sweeper.rungs=2", "hydra.sweeper.eta=4"],
          "search": ["hydra.sweeper.n_trials=2", "hydra.sweeper.sampler.n_startup_trials=1"],
          # one budget (a command-line value replaces the sweep's grid) x every recipe x every family
-         "data_scaling": ["data.max_tokens=200", "eval.heldout_prompts=0"]}
+         "data_scaling": ["data.max_tokens=200", "eval.heldout_prompts=0"],
+         # the demo's and the full recipe's token budgets, cut to the tiny target's
+         "demo": ["data.max_tokens=200"], "smollm2_full": ["data.max_tokens=200"]}
 
 
 @pytest.fixture(scope="module")
