@@ -15,8 +15,10 @@ little more than one; a CPU pays nearly per token).
    `cost_slack` x the cost of one token (beyond that, every extra node costs more than it is
    likely to earn), depth and top_k from the config, depth capped at the budget.
 3. A pilot: every candidate (chains at each k of `chain_k`, the sized tree) decodes the
-   first `pilot_prompts` prompts for `pilot_tokens` tokens; the fastest by tokens/s is
-   chosen. Plain decoding is the same for all candidates, so tokens/s ranks speedups.
+   first `pilot_prompts` prompts for `pilot_tokens` tokens; the fastest by tokens per
+   second of decoding (drafting + verification; the prefill, the same for every candidate,
+   is left out) is chosen. Plain decoding is the same for all candidates, so tokens/s
+   ranks speedups.
 
 The chosen method is then scored on every prompt as usual (benchmark.score). The
 speculator's request memory (`Speculator.reset`) is cleared before each pilot and the
@@ -66,7 +68,7 @@ class MethodConfig:
     """Reuse the curve measured earlier for this target on this machine (false: measure every run)."""
     pilot_prompts: int = 2
     """Prompts the candidates decode in the pilot (the first of the eval set)."""
-    pilot_tokens: int = 32
+    pilot_tokens: int = 64
     """New tokens per pilot prompt."""
 
     def __post_init__(self) -> None:
@@ -161,9 +163,11 @@ def pilot(target: FrozenTarget, speculator: Speculator, prompts: list[torch.Tens
             continue
         speculator.reset()
         gens = [decode(target, speculator, p, max_new, method) for p in prompts]
-        tokens, seconds = sum(g.new_tokens for g in gens), sum(g.seconds for g in gens)
+        # Decoding time only (drafting + verification): every candidate pays the same prefill,
+        # which on a short pilot would dilute the differences the choice is made on.
+        tokens, seconds = sum(g.new_tokens for g in gens), sum(g.draft_seconds + g.verify_seconds for g in gens)
         steps = [n for g in gens for n in g.accepted]
-        out.append({**method, "tok_s": tokens / seconds, "new_tokens": tokens, "seconds": seconds,
+        out.append({**method, "tok_s": tokens / max(seconds, 1e-9), "new_tokens": tokens, "seconds": seconds,
                     "acceptance_length": 1 + sum(steps) / len(steps) if steps else None})
     speculator.reset()
     return out
