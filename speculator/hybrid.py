@@ -92,7 +92,11 @@ class HybridSpeculator(Speculator):
     # --- inference ---------------------------------------------------------------------
 
     def max_draft_len(self) -> int | None:
-        return self.learned.max_draft_len()
+        # The longer of the parts' (suffix: unbounded): a step the suffix part drafts may run
+        # past the learned part's heads, which is where long matches pay; a step the learned
+        # part drafts stops at its own limit (a shorter chain, which the engine accepts).
+        limits = (self.learned.max_draft_len(), self.suffix.max_draft_len())
+        return None if None in limits else max(limits)
 
     def reset(self) -> None:
         self.learned.reset()
@@ -108,12 +112,16 @@ class HybridSpeculator(Speculator):
     def propose(self, state: HybridState, pending: torch.Tensor, k: int):
         if self.uses_suffix(state, pending):
             return self.suffix.propose(state.suffix, pending, k)
-        drafts, logits = self.learned.propose(state.learned, pending, k)
+        limit = self.learned.max_draft_len()
+        drafts, logits = self.learned.propose(state.learned, pending, k if limit is None else min(k, limit))
         return drafts, self.widen(logits)
 
     def extend(self, state: HybridState, pending: torch.Tensor, paths: torch.Tensor) -> torch.Tensor:
         if self.uses_suffix(state, pending):
             return self.suffix.extend(state.suffix, pending, paths)
+        limit = self.learned.max_draft_len()
+        if limit is not None and paths.shape[1] >= limit:  # past the learned part's last head: no guess
+            return torch.full((paths.shape[0], self.learned.vocab.target_vocab), FLOOR)
         return self.widen(self.learned.extend(state.learned, pending, paths))
 
     def accept(self, state: HybridState, committed, hidden, layers=None) -> None:

@@ -146,6 +146,21 @@ def test_hybrid_drafts_with_suffix_on_a_long_match_else_with_its_learned_part():
     assert spec.num_params() == spec.learned.num_params() > 0
 
 
+def test_hybrid_chains_run_past_the_learned_heads_only_where_suffix_drafts():
+    spec = build_speculator("hybrid", {"learned": {"family": "mlp", "n_predict": 2, "inner_dim": 16},
+                                       "min_match": 3, "suffix": {"global_outputs": False}}, info()).eval()
+    assert spec.max_draft_len() is None  # suffix is unbounded: k is not capped at the mlp's 2 heads
+    prompt = [4, 5, 6, 7, 8, 9, 10, 11, 1, 4, 5]
+    hidden = torch.randn(1, len(prompt), H)
+    state = spec.start(torch.tensor([prompt]), hidden)
+    long_match, _ = spec.propose(state, torch.tensor([[6]]), 5)  # suffix: as long as its match allows
+    assert long_match[0].tolist()[:3] == [7, 8, 9] and long_match.shape[1] > 2
+    short, logits = spec.propose(state, torch.tensor([[9]]), 5)  # the learned part: its 2 heads at most
+    assert short.shape == (1, 2) and logits.shape[:2] == (1, 2)
+    deeper = spec.extend(state, torch.tensor([[9]]), torch.tensor([[3, 4]]))  # past its last head: no guess
+    assert (deeper == FLOOR).all()
+
+
 def test_hybrid_spreads_a_reduced_learned_vocabulary_onto_the_whole_one():
     counts = torch.arange(V, 0, -1)  # the draft vocabulary: the 4 lowest ids
     spec = build_speculator("hybrid", {"learned": {"family": "mlp", "n_predict": 2, "inner_dim": 16,
