@@ -26,15 +26,15 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache, GenerationConfig
 
+from speclab.speculator.runtime import native
+
 CONTEXT, REPEATS = 256, 7
 
 
 def machine() -> dict:
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
-    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
+    name, flags = native.cpu_info()
     isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
-    return {"cpu": name, "isa": isa, "threads": torch.get_num_threads(), "load_avg": os.getloadavg()[0]}
+    return {"cpu": name or "?", "isa": isa, "threads": torch.get_num_threads(), "load_avg": os.getloadavg()[0]}
 
 
 def read_bandwidth_gb_s(megabytes: int = 1024) -> float:

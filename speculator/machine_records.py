@@ -23,13 +23,10 @@ from .cache_lock import cache_root
 
 def machine_id() -> str:
     """The CPU model, its feature flags and the thread count."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-        model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
-        flags = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("flags")), "")
-    except OSError:
-        model, flags = platform.processor(), ""
-    return f"{model}|{flags}|threads={torch.get_num_threads()}"
+    from .runtime import native
+
+    model, flags = native.cpu_info()
+    return f"{model or platform.processor()}|{' '.join(flags)}|threads={torch.get_num_threads()}"
 
 
 def machine_name() -> str:

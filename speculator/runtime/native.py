@@ -115,13 +115,17 @@ def pack_width() -> int:
     return lib.lean_pack_width() if lib is not None else 0
 
 
-def cpu_flags() -> set[str]:
-    """This CPU's feature flags (Linux /proc/cpuinfo; empty elsewhere): which instruction
-    sets a build for another -march may run here."""
+def cpu_info() -> tuple[str, list[str]]:
+    """This CPU's model name and feature flags (Linux /proc/cpuinfo; empty elsewhere)."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        pass
-    return set()
+        return "", []
+    model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
+    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+    return model, flags
+
+
+def cpu_flags() -> set[str]:
+    """This CPU's feature flags: which instruction sets a build for another -march may run here."""
+    return set(cpu_info()[1])
