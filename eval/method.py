@@ -13,7 +13,9 @@ little more than one; a CPU pays nearly per token).
    (`cost_cache: false` measures it every run); result.json says which.
 2. The tree's size from the curve: its budget is the largest n verified within
    `cost_slack` x the cost of one token (beyond that, every extra node costs more than it is
-   likely to earn), depth and top_k from the config, depth capped at the budget.
+   likely to earn), depth and top_k from the config, depth capped at the budget. A
+   speculator offering several candidate chains (the hybrid) also gets a union tree of that
+   budget (at least the longest of `chain_k` + 2), its chains as long as the longest of `chain_k`.
 3. A pilot: every candidate (chains at each k of `chain_k`, the sized tree) decodes the
    first `pilot_prompts` prompts for `pilot_tokens` tokens; the fastest by tokens per
    second of decoding (drafting + verification; the prefill, the same for every candidate,
@@ -134,12 +136,17 @@ def tree_for(cost: dict[int, float], cfg: MethodConfig, speculator: Speculator) 
 
 
 def candidates(speculator: Speculator, cfg: MethodConfig, tree: TreeConfig | None) -> list[dict]:
-    """[{"kind": "chain", "k"} ...] + [{"kind": "tree", shape, depth, top_k, budget}]."""
+    """[{"kind": "chain", "k"} ...] + [{"kind": "tree", shape, depth, top_k, budget} ...]."""
     ks = sorted({effective_draft_len(speculator, k) for k in cfg.chain_k})
     methods = [{"kind": "chain", "k": k} for k in ks]
-    if tree is not None:
-        methods.append({"kind": "tree", "shape": tree.shape, "depth": tree.depth, "top_k": tree.top_k,
-                        "budget": tree.budget})
+    trees = [] if tree is None else [tree]
+    if tree is not None and speculator.offers_chains():
+        # Room for the longest chain and a second chain's first two tokens, at least: a union
+        # cut to the first chain is that chain, which the chains already cover.
+        budget = max(tree.budget, max(ks) + 2)
+        trees.append(TreeConfig("union", depth=max(ks), top_k=tree.top_k, budget=budget))
+    for t in trees:
+        methods.append({"kind": "tree", "shape": t.shape, "depth": t.depth, "top_k": t.top_k, "budget": t.budget})
     return methods
 
 

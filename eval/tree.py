@@ -13,7 +13,11 @@ Shapes of tree:
 - dynamic (EAGLE-2): at each depth the top_k children of each of the top_k most confident
   frontier nodes are drafted, confidence being the product of the draft's probabilities
   along the path; of all drafted nodes the `budget` most confident are verified.
-Both are ancestor-closed: a node's parent always ranks before it.
+- union: the trie of the candidate chains the speculator offers (`propose_chains`, each at
+  most `depth` long): the hybrid's suffix chain and its learned chain verified in one pass,
+  a shared prefix once; chains are added in the order offered while the budget lasts.
+  Drafting costs what the chains cost, no per-depth expansion.
+All are ancestor-closed: a node's parent always comes before it.
 
 Acceptance walks down from the root. Greedy: move to the child whose token is the target's
 argmax, else stop and commit that argmax: the committed tokens equal plain greedy decoding's.
@@ -46,8 +50,9 @@ from .sampling import SamplingConfig, TokenChooser
 class TreeConfig:
     """The draft tree drafted and verified at every step."""
 
-    shape: Literal["static", "dynamic"] = "dynamic"
-    """static: a fixed set of sibling-rank paths; dynamic: EAGLE-2's confidence-driven expansion."""
+    shape: Literal["static", "dynamic", "union"] = "dynamic"
+    """static: a fixed set of sibling-rank paths; dynamic: EAGLE-2's confidence-driven
+    expansion; union: the trie of the speculator's candidate chains."""
     depth: int = 4
     """Longest path below the pending token (capped at the speculator's max_draft_len)."""
     top_k: int = 4
@@ -56,6 +61,8 @@ class TreeConfig:
     """Draft tokens verified per step (the target reads budget + 1 with the pending token)."""
 
     def __post_init__(self) -> None:
+        if self.shape not in ("static", "dynamic", "union"):
+            raise ValueError(f"tree shape must be static, dynamic or union, got {self.shape!r}")
         if self.depth < 1 or self.top_k < 1 or self.budget < 1:
             raise ValueError(f"tree depth, top_k and budget must be >= 1; got {self.depth}, {self.top_k}, {self.budget}")
 
@@ -103,9 +110,32 @@ def static_rank_paths(cfg: TreeConfig) -> list[tuple[int, ...]]:
     return sorted(below((), cfg.budget), key=lambda p: (sum(p), len(p), p))[: cfg.budget]
 
 
+def union_tree(pending: int, chains: list[list[int]], budget: int) -> DraftTree:
+    """The trie of `chains` below `pending`, at most `budget` nodes: chains in the order
+    given, each node added while the budget lasts (a prefix already in the trie costs nothing)."""
+    tree = DraftTree(tokens=[pending], parents=[-1], depths=[0])
+    node_of: dict[tuple[int, int], int] = {}  # (parent node, token) -> node
+    for chain in chains:
+        parent = 0
+        for token in chain:
+            node = node_of.get((parent, token))
+            if node is None:
+                if tree.size >= budget:
+                    break
+                node = node_of[(parent, token)] = len(tree.tokens)
+                tree.tokens.append(token)
+                tree.parents.append(parent)
+                tree.depths.append(tree.depths[parent] + 1)
+            parent = node
+    return tree
+
+
 @torch.no_grad()
 def draft_tree(speculator: Speculator, state, pending: torch.Tensor, cfg: TreeConfig) -> DraftTree:
     """Draft one tree of at most cfg.budget nodes below pending [1, 1] (module docstring)."""
+    if cfg.shape == "union":
+        chains = [chain[0, : cfg.depth].tolist() for chain in speculator.propose_chains(state, pending, cfg.depth)]
+        return union_tree(int(pending), chains, cfg.budget)
     keep = set(static_rank_paths(cfg)) if cfg.shape == "static" else None
     # Every drafted node: (score, depth, parent id, token, rank path); id = index in this list.
     nodes: list[tuple[float, int, int, int, tuple[int, ...]]] = [(0.0, 0, -1, int(pending), ())]

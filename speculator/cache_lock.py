@@ -68,6 +68,45 @@ def publish_dir(work: Path, final: Path) -> bool:
         return False
 
 
+def write_file(path: Path, data: bytes, mode: int | None = None) -> None:
+    """Write and fsync one file, `mode` applied before the first byte (tests replace this to simulate a full disk)."""
+    with open(path, "wb") as f:
+        if mode is not None:
+            os.fchmod(f.fileno(), mode)
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename in `directory` durable (a no-op where a directory cannot be opened or synced)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: str | Path, data: bytes, mode: int | None = None) -> Path:
+    """Replace `path` with `data` so that a reader sees the old file or the new one, never a
+    mix, and a crash leaves no partial file: a private sibling, fsynced, renamed into place."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        write_file(tmp, data, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+    return path
+
+
 def ensure_free_space(path: Path, needed: int) -> None:
     """Refuse to fill a cache file that the filesystem cannot hold.
 

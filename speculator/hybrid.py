@@ -7,6 +7,12 @@ prompt text: the suffix drafts long and right), and a short one is where a model
 read the target's features guesses better. Deciding once per step, from the state and the
 pending token only, keeps `extend` equal to `propose` on every path.
 
+A union-tree step (eval/tree.py, `propose_chains`) drafts with both instead: the suffix
+chain, and beside it the learned part's chain of at most learned_k tokens unless the match
+is long (the same rule: then suffix alone); the target verifies both in one pass and keeps
+the longer accepted path. The two parts guess right on different tokens (copying against
+predicting), so the union accepts more than either, for the few extra verified tokens.
+
 Training trains the learned part alone (its loss, its shift, its layers); the suffix part
 has no parameters. Drafts are over the whole target vocabulary: a learned part with a
 reduced draft vocabulary has its logits spread onto it, FLOOR off its vocabulary.
@@ -32,6 +38,9 @@ class HybridConfig:
     """Options of the suffix drafter (speculator/suffix.py); {}: its defaults."""
     min_match: int = 4
     """The rule: a step drafts with suffix when its match at the pending token is this long."""
+    learned_k: int = 2
+    """Union trees: the longest chain the learned part drafts beside the suffix chain (a
+    short one: its acceptance falls fast with depth while every token costs verification)."""
     draft_vocab_size: int = 0
     """Always 0: drafts are over the whole vocabulary (the learned part has its own)."""
 
@@ -112,6 +121,16 @@ class HybridSpeculator(Speculator):
     def propose(self, state: HybridState, pending: torch.Tensor, k: int):
         if self.uses_suffix(state, pending):
             return self.suffix.propose(state.suffix, pending, k)
+        return self.propose_learned(state, pending, k)
+
+    def propose_chains(self, state: HybridState, pending: torch.Tensor, k: int) -> list[torch.Tensor]:
+        chains = [self.suffix.propose(state.suffix, pending, k)[0]]
+        if not self.uses_suffix(state, pending):
+            chains.append(self.propose_learned(state, pending, min(k, self.config.learned_k))[0])
+        return chains
+
+    def propose_learned(self, state: HybridState, pending: torch.Tensor, k: int):
+        """The learned part's chain, at most its heads long, over the whole vocabulary."""
         limit = self.learned.max_draft_len()
         drafts, logits = self.learned.propose(state.learned, pending, k if limit is None else min(k, limit))
         return drafts, self.widen(logits)

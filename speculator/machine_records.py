@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import platform
 from pathlib import Path
 
 import torch
 
-from .cache_lock import cache_root
+from .cache_lock import cache_root, write_atomic
 
 
 def machine_id() -> str:
@@ -54,6 +53,4 @@ def read(kind: str, parts: list) -> dict | None:
 def write(kind: str, parts: list, record: dict) -> None:
     path = _path(kind, parts)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(record, indent=2))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(record, indent=2).encode())

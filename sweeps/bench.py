@@ -2,7 +2,7 @@
 
     speclab bench --speculator RUN_OR_CKPT [--speculator ...] [--assistant DRAFT_LM_CKPT]
                   [--prompts FILE ...] [--heldout FILE_OR_DATA_DIR] [--humaneval] [--limit N]
-                  [--max-new-tokens N] [--k K] [--tree static|dynamic ...]
+                  [--max-new-tokens N] [--k K] [--tree static|dynamic|union ...]
                   [--temperature T --top-p P --top-k K --seed S] [--json OUT] [target.KEY=VALUE ...]
 
 Methods, alternated prompt by prompt on the same prompts and max new tokens: the project's
@@ -38,8 +38,9 @@ def add_parser(commands) -> argparse.ArgumentParser:
     bench.add_argument("--limit", type=int, default=None, help="at most this many prompts per set")
     bench.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt, every method")
     bench.add_argument("--k", type=int, default=4, help="draft tokens per step (chain), the tree budget too")
-    bench.add_argument("--tree", action="append", choices=("static", "dynamic"), default=[],
-                       help="also decode with a draft tree of this shape (repeatable)")
+    bench.add_argument("--tree", action="append", choices=("static", "dynamic", "union"), default=[],
+                       help="also decode with a draft tree of this shape (repeatable; union: the trie "
+                            "of the speculator's candidate chains, e.g. a hybrid's two parts)")
     bench.add_argument("--tree-depth", type=int, default=None, help="tree depth (default: k)")
     bench.add_argument("--tree-top-k", type=int, default=4, help="children per expanded tree node")
     bench.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0: seeded sampling")

@@ -13,9 +13,10 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Mapping
+
+from speclab.speculator.cache_lock import write_atomic
 
 RESULT_FILE = "result.json"
 PROCESS_FILE = "process.json"  # {pid, host} of the process running the run, until result.json exists
@@ -160,35 +161,9 @@ def result_problem(result: Any) -> str | None:
 
 
 def write_json_atomic(path: str | Path, data: Any) -> Path:
-    """Write JSON so that a reader sees the old file or the new one, never a mix."""
-    path = Path(path)
+    """Write strict JSON so that a reader sees the old file or the new one, never a mix."""
     text = json.dumps(_finite(data), indent=2, default=_json_default, allow_nan=False) + "\n"
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            os.fchmod(f.fileno(), SHARED_FILE_MODE)
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)  # makes the rename itself durable
-    return path
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # e.g. platforms where a directory cannot be opened
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    return write_atomic(path, text.encode(), SHARED_FILE_MODE)
 
 
 def _finite(value: Any) -> Any:

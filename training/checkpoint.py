@@ -30,6 +30,8 @@ from pathlib import Path
 
 import torch
 
+from speclab.speculator import cache_lock
+
 log = logging.getLogger(__name__)
 
 MARKER = "COMPLETE.json"
@@ -65,29 +67,11 @@ def _sha256(data: bytes) -> str:
 
 def _write_file(path: Path, data: bytes) -> None:
     """Write and fsync one file (tests replace this to simulate a full disk)."""
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    cache_lock.write_file(path, data)
 
 
 def write_json_atomic(path: Path, data) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        _write_file(tmp, json.dumps(data, indent=1).encode())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
+    cache_lock.write_atomic(path, json.dumps(data, indent=1).encode())
 
 
 def _to_bytes(obj) -> bytes:
@@ -130,11 +114,11 @@ class CheckpointStore:
             tmp.mkdir()
             for name, data in blobs.items():
                 _write_file(tmp / name, data)
-            _fsync_dir(tmp)
+            cache_lock.fsync_dir(tmp)
             if final.exists():  # an abandoned timeline's step of the same number
                 shutil.rmtree(final)
             os.rename(tmp, final)
-            _fsync_dir(self.root)
+            cache_lock.fsync_dir(self.root)
             write_json_atomic(final / MARKER, {"step": step, "files": {n: _sha256(d) for n, d in blobs.items()}})
         except OSError as exc:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -103,6 +103,27 @@ class SometimesSpeculator(ScriptedSpeculator):
         return i % 2 == 0
 
 
+class TakeTurnsSpeculator(ScriptedSpeculator):
+    """Two guessers taking turns being right: `propose` drafts the first one's chain, right
+    at every other drafting step; `propose_chains` offers both, the second right at the
+    steps the first is wrong, so a union tree holds the target's chain at every step."""
+
+    family = "test-take-turns"
+    steps = 0
+
+    def is_right(self, i: int) -> bool:
+        return self._right
+
+    def propose(self, state: ScriptState, pending: torch.Tensor, k: int):
+        self._right, self.steps = self.steps % 2 == 0, self.steps + 1
+        return super().propose(state, pending, k)
+
+    def propose_chains(self, state: ScriptState, pending: torch.Tensor, k: int) -> list[torch.Tensor]:
+        first = self.propose(state, pending, k)[0]
+        self._right = not self._right
+        return [first, super().propose(state, pending, k)[0]]
+
+
 def reference(target: FrozenTarget, prompt: torch.Tensor, length: int) -> list[int]:
     """prompt ids + `length` greedy tokens, ignoring EOS so drafts never run off the end."""
     return prompt[0].tolist() + generate_plain(target, prompt, length, eos_ids=()).tokens

@@ -68,6 +68,14 @@ def test_tree_budget_is_the_most_tokens_within_the_slack():
     mlp = build_speculator("mlp", {"n_predict": 3, "inner_dim": 8}, TargetInfo(vocab_size=7, hidden_size=4, num_layers=1))
     assert tree_for(cost, MethodConfig(tree_depth=6), mlp).depth == 3  # capped at its longest chain
     assert [m.get("k") for m in candidates(mlp, MethodConfig(chain_k=[1, 2, 5, 8]), None)] == [1, 2, 3]
+    tree = tree_for(cost, MethodConfig(), mlp)
+    assert [m.get("shape") for m in candidates(mlp, MethodConfig(), tree)] == [None, None, None, "dynamic"]
+    hybrid = build_speculator("hybrid", {"learned": {"family": "mlp", "n_predict": 3, "inner_dim": 8}},
+                              TargetInfo(vocab_size=7, hidden_size=4, num_layers=1))
+    union = candidates(hybrid, MethodConfig(chain_k=[1, 6]), tree_for(cost, MethodConfig(), hybrid))[-1]
+    assert union == {"kind": "tree", "shape": "union", "depth": 6, "top_k": 4, "budget": 8}  # its chains offered
+    tight = candidates(hybrid, MethodConfig(chain_k=[1, 6]), tree_for(cost, MethodConfig(cost_slack=1.25), hybrid))
+    assert tight[-1]["budget"] == 8 and tight[-2]["budget"] == 4  # a union holds more than its first chain
 
 
 @pytest.mark.parametrize("slow, expected", [("tree", "chain"), ("chain", "tree")])

@@ -18,7 +18,8 @@ MAX_NEW = 24
 FAMILIES = [("ngram", {}), ("suffix", {}),
             ("hybrid", {"learned": {"family": "mlp", "n_predict": 4, "inner_dim": 32}, "min_match": 2})]
 IDS = [f for f, _ in FAMILIES]
-SHAPES = [TreeConfig("static", depth=3, top_k=2, budget=6), TreeConfig("dynamic", depth=4, top_k=3, budget=8)]
+SHAPES = [TreeConfig("static", depth=3, top_k=2, budget=6), TreeConfig("dynamic", depth=4, top_k=3, budget=8),
+          TreeConfig("union", depth=4, budget=6)]
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +70,7 @@ def test_sampling_is_seeded_and_exact_on_a_point_mass_target(target, prompt, pla
     assert run(speculator, temperature=0.9, top_k=1) == plain.tokens  # with an eval history
     if drafts == "argmax":
         assert run(speculator, SHAPES[1], temperature=0.9, top_k=1) == plain.tokens
+        assert run(speculator, SHAPES[2], temperature=0.9, top_k=1) == plain.tokens
     seeded = [run(new(target, family, params), temperature=1.0, seed=s) for s in (4, 4, 5)]
     assert seeded[0] == seeded[1] != seeded[2]
 

@@ -6,15 +6,17 @@ import torch
 from speclab.eval.engine import generate_plain, generate_speculative
 from speclab.eval.metrics import AcceptanceStats
 from speclab.eval.sampling import SamplingConfig, TokenChooser
-from speclab.eval.tree import DraftTree, TreeConfig, draft_tree, generate_tree, static_rank_paths, walk_sample
+from speclab.eval.tree import (DraftTree, TreeConfig, draft_tree, generate_tree, static_rank_paths, union_tree,
+                               walk_greedy, walk_sample)
 from speclab.speculator.base import TargetInfo
 from speclab.speculator.families import build_speculator
 from stat_checks import chi2_pvalue
-from speculator_stubs import NeverSpeculator, OracleSpeculator, SometimesSpeculator, scripted
+from speculator_stubs import NeverSpeculator, OracleSpeculator, SometimesSpeculator, TakeTurnsSpeculator, scripted
 
 MAX_NEW = 16
 STUBS = [OracleSpeculator, NeverSpeculator, SometimesSpeculator]
 SHAPES = [TreeConfig("static", depth=3, top_k=2, budget=6), TreeConfig("dynamic", depth=3, top_k=2, budget=6)]
+UNION = TreeConfig("union", depth=3, budget=6)
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +42,42 @@ def test_tree_greedy_output_equals_plain(target, prompt, plain, cls, cfg):
     # stub, even one whose top draft is always wrong, gets at least one token per step.
     assert stats.num_accepted_tokens == sum(gen.accepted) and min(gen.accepted) >= 1
     assert stats.num_draft_tokens == gen.drafted_tokens <= cfg.budget * stats.num_drafts
+
+
+def test_union_tree_is_the_trie_of_the_chains_within_the_budget():
+    tree = union_tree(9, [[1, 2, 3], [1, 2, 4], [5]], budget=5)
+    assert tree.tokens == [9, 1, 2, 3, 4, 5] and tree.parents == [-1, 0, 1, 2, 2, 0]
+    assert tree.depths == [0, 1, 2, 3, 3, 1]  # the shared prefix 1, 2 is verified once
+    cut = union_tree(9, [[1, 2, 3], [7, 8]], budget=4)
+    assert cut.tokens == [9, 1, 2, 3, 7] and cut.size == 4  # chains in order while the budget lasts
+    assert union_tree(9, [[], [4]], budget=3).tokens == [9, 4]  # an empty chain adds nothing
+    # the walk follows whichever chain the target agrees with
+    logits = torch.zeros(6, 10)
+    for node, choice in enumerate([1, 2, 4, 0, 6, 0]):
+        logits[node, choice] = 1.0
+    assert walk_greedy(tree, logits) == ([0, 1, 2, 4], 6)
+
+
+@pytest.mark.parametrize("cls", [TakeTurnsSpeculator, OracleSpeculator, NeverSpeculator], ids=lambda c: c.family)
+def test_union_tree_greedy_output_equals_plain(target, prompt, plain, cls):
+    speculator = scripted(cls, target, [prompt], MAX_NEW + UNION.depth + 1)
+    stats = AcceptanceStats(UNION.depth)
+    gen = generate_tree(target, speculator, prompt, MAX_NEW, UNION, eos_ids=(), stats=stats)
+    assert gen.tokens == plain.tokens
+    expected = {"test-never": 0, "test-oracle": UNION.depth, "test-take-turns": UNION.depth}[cls.family]
+    assert gen.accepted[:-1] == [expected] * (len(gen.accepted) - 1)  # the last step may be cut by the budget
+
+
+def test_union_tree_accepts_what_either_chain_gets_right(target, prompt, plain):
+    # each chain alone is right every other step; their union every step
+    chain = AcceptanceStats(3)
+    generate_speculative(target, scripted(TakeTurnsSpeculator, target, [prompt], MAX_NEW + 4), prompt, MAX_NEW, 3,
+                         eos_ids=(), stats=chain)
+    union = AcceptanceStats(3)
+    generate_tree(target, scripted(TakeTurnsSpeculator, target, [prompt], MAX_NEW + 4), prompt, MAX_NEW, UNION,
+                  eos_ids=(), stats=union)
+    assert union.mean_acceptance_length > chain.mean_acceptance_length + 1
+    assert TakeTurnsSpeculator.offers_chains() and not OracleSpeculator.offers_chains()
 
 
 def test_tree_beats_chain_at_equal_verified_tokens(target, prompt):
