@@ -196,6 +196,7 @@ def _warm_up(run: _Runner, prompt: torch.Tensor, peer: bool = False) -> None:
     max_new = min(run.max_new_tokens, WARMUP_TOKENS)
     run.plain(prompt, max_new)
     run.speculative(prompt, max_new=max_new)
+    run.speculator.reset()  # a drafter remembering outputs (suffix) must not score on the warm-up's
     if peer:
         _hf_generate(run.target, prompt, max_new)
 

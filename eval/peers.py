@@ -97,6 +97,8 @@ def compare(
     names = list(methods)
     for name in names:  # untimed warm-up: touch every code path once
         methods[name](prompts[0], WARMUP_TOKENS)
+        # A method whose drafter remembers what it decoded (suffix's eval history) forgets the warm-up.
+        getattr(methods[name], "reset", lambda: None)()
     runs = {name: MethodRun([]) for name in names}
     for i, prompt in enumerate(tqdm(prompts, desc="bench", unit="prompt", disable=not progress)):
         for name in names[i % len(names):] + names[: i % len(names)]:

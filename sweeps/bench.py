@@ -16,6 +16,7 @@ the one the first checkpoint recorded, with target.KEY=VALUE overrides.
 from __future__ import annotations
 
 import argparse
+import copy
 from pathlib import Path
 
 from .results import find_speculator_checkpoint, write_json_atomic
@@ -151,16 +152,31 @@ def build_methods(target, speculators: dict, assistant_dir: Path | None, args, s
                                            assistant_model=assistant_model(draft, target.model, args.k))
     for name, (_, spec) in speculators.items():
         k = min(args.k, spec.max_draft_len() or args.k)
-        methods[f"spec_{name}"] = (lambda p, n=None, s=spec, k=k:
-                                   generate_speculative(target, s, p, n or max_new, k, sampling=sampling))
+        methods[f"spec_{name}"] = OwnSpeculator(spec, lambda s, p, n, k=k:
+                                                generate_speculative(target, s, p, n or max_new, k, sampling=sampling))
         ks[f"spec_{name}"] = k
         for shape in args.tree:
             cfg = TreeConfig(shape, min(args.tree_depth or args.k, spec.max_draft_len() or 1 << 30),
                              args.tree_top_k, args.k)
-            methods[f"tree_{shape}_{name}"] = (lambda p, n=None, s=spec, c=cfg:
-                                               generate_tree(target, s, p, n or max_new, c, sampling=sampling))
+            methods[f"tree_{shape}_{name}"] = OwnSpeculator(copy.deepcopy(spec), lambda s, p, n, c=cfg:
+                                                            generate_tree(target, s, p, n or max_new, c, sampling=sampling))
             ks[f"tree_{shape}_{name}"] = cfg.depth
     return methods, ks
+
+
+class OwnSpeculator:
+    """A speculative method with a speculator of its own. Methods alternate prompt by prompt,
+    so a drafter that remembers what it decoded (suffix's eval history) would otherwise draft
+    one method's prompt from another method's output of that very prompt."""
+
+    def __init__(self, speculator, decode):
+        self.speculator, self.decode = speculator, decode
+
+    def __call__(self, prompt, max_new=None):
+        return self.decode(self.speculator, prompt, max_new)
+
+    def reset(self) -> None:
+        self.speculator.reset()
 
 
 def run_bench(methods, ks, encoded, items, sets, sampling, resamples: int) -> dict:

@@ -64,6 +64,16 @@ def test_score_reports_the_capped_k(target, prompts):
     assert result["acceptance"]["k"] == 2 and len(result["acceptance"]["per_position"]) == 2
 
 
+def test_score_does_not_learn_from_its_warm_up(target, prompts):
+    # suffix remembers what it decoded: the untimed warm-up on the first prompt must not
+    # hand the scored decode of that prompt its own output
+    speculator = build_speculator("suffix", {}, TargetInfo.of(target))
+    scored = score(target, speculator, prompts[:1], MAX_NEW, K, progress=False)["acceptance"]
+    from speclab.eval.engine import generate_speculative
+    fresh = generate_speculative(target, build_speculator("suffix", {}, TargetInfo.of(target)), prompts[0], MAX_NEW, K)
+    assert scored["num_accepted_tokens"] == sum(fresh.accepted)
+
+
 def test_score_needs_prompts(target, prompts):
     with pytest.raises(ValueError, match="at least one prompt"):
         score(target, scripted(OracleSpeculator, target, prompts, MAX_NEW + K), [], MAX_NEW, K)

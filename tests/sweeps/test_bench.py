@@ -22,6 +22,7 @@ def checkpoints(tmp_path_factory):
     mlp = build_speculator("mlp", {"n_predict": 3, "inner_dim": 16}, info)
     draft.save(root / "draft", extra={"target_config": TINY_TARGET_CONFIG})
     mlp.save(root / "mlp", extra={"target_config": TINY_TARGET_CONFIG})
+    build_speculator("suffix", {}, info).save(root / "suffix", extra={"target_config": TINY_TARGET_CONFIG})
     prompts = root / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps(x) for x in [
         {"prompt": "def add(a, b):", "category": "code"}, {"prompt": "hello there", "category": "chat"},
@@ -51,6 +52,16 @@ def test_bench_greedy_every_method_is_lossless(checkpoints, tmp_path, capsys):
     assert methods["spec_mlp"]["timing"]["draft_ms_per_token"] > 0
     assert set(report["sets"]["prompts"]["categories"]) == {"code", "chat"}
     assert "hf_assisted" in capsys.readouterr().out
+
+
+def test_bench_methods_do_not_share_a_drafters_memory(checkpoints, tmp_path):
+    # A union tree of suffix's one chain drafts what its chain of k does: equal acceptance,
+    # unless one method drafted each prompt from the other's output of it (a shared history).
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--speculator", str(checkpoints / "suffix"), "--prompts", str(checkpoints / "prompts.jsonl"),
+                 "--max-new-tokens", "12", "--k", "3", "--tree", "union", "--resamples", "20", "--json", str(out)]) == 0
+    methods = json.loads(out.read_text())["overall"]
+    assert methods["spec_suffix"]["acceptance_length"] == methods["tree_union_suffix"]["acceptance_length"]
 
 
 def test_bench_sampling_skips_the_exact_check(checkpoints, tmp_path):
