@@ -150,11 +150,27 @@ static inline uint16_t to_bf16(float f) {
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
+/* The calling thread's buffer for the bf16 copy of a GEMM's input rows: grown when a call
+ * needs more, kept for the next (as large as the largest call's rows: ~100 KB while decoding,
+ * a few MB when a batch of prompts is prefilled), so a decoding step's ~120 GEMMs allocate
+ * nothing. Per thread because two Python threads may run GEMMs at once. */
+static __thread uint16_t *rows_bf16;
+static __thread size_t rows_bf16_len;
+
+static uint16_t *bf16_rows_buffer(size_t len) {
+    if (len > rows_bf16_len) {
+        uint16_t *grown = realloc(rows_bf16, len * sizeof *grown);
+        if (grown == NULL) abort();
+        rows_bf16 = grown;
+        rows_bf16_len = len;
+    }
+    return rows_bf16;
+}
+
 static void gemm_bf16_dot(const float *x, int64_t ldx, const uint16_t *w, float *y, int64_t ldy,
                           int M, int K, int N, int accumulate) {
     const int blocks = (N + NR - 1) / NR, K2 = (K + 1) / 2;
-    uint16_t *xb = malloc((size_t)M * K2 * 2 * sizeof *xb);
-    if (xb == NULL) abort();
+    uint16_t *xb = bf16_rows_buffer((size_t)M * K2 * 2);
 #pragma omp parallel for schedule(static) if ((int64_t)M * K > 65536)
     for (int t = 0; t < M; t++) {
         const float *xt = x + t * ldx;
@@ -170,7 +186,6 @@ static void gemm_bf16_dot(const float *x, int64_t ldx, const uint16_t *w, float 
             MICRO_DOT_FNS[tb](xb + (int64_t)t0 * K2 * 2, K2 * 2, panel, y + t0 * ldy, ldy, K2, b * NR, N, accumulate);
         }
     }
-    free(xb);
 }
 #endif
 
