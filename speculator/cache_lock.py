@@ -69,7 +69,7 @@ def publish_dir(work: Path, final: Path) -> bool:
 
 
 def write_file(path: Path, data: bytes, mode: int | None = None) -> None:
-    """Write and fsync one file, `mode` applied before the first byte (tests replace this to simulate a full disk)."""
+    """Write and fsync one file, `mode` applied before the first byte."""
     with open(path, "wb") as f:
         if mode is not None:
             os.fchmod(f.fileno(), mode)

@@ -107,6 +107,11 @@ class HybridSpeculator(Speculator):
         limits = (self.learned.max_draft_len(), self.suffix.max_draft_len())
         return None if None in limits else max(limits)
 
+    def learned_limit(self) -> float:
+        """The longest chain the learned part drafts (inf: unbounded)."""
+        limit = self.learned.max_draft_len()
+        return float("inf") if limit is None else limit
+
     def reset(self) -> None:
         self.learned.reset()
         self.suffix.reset()
@@ -131,15 +136,13 @@ class HybridSpeculator(Speculator):
 
     def propose_learned(self, state: HybridState, pending: torch.Tensor, k: int):
         """The learned part's chain, at most its heads long, over the whole vocabulary."""
-        limit = self.learned.max_draft_len()
-        drafts, logits = self.learned.propose(state.learned, pending, k if limit is None else min(k, limit))
+        drafts, logits = self.learned.propose(state.learned, pending, min(k, self.learned_limit()))
         return drafts, self.widen(logits)
 
     def extend(self, state: HybridState, pending: torch.Tensor, paths: torch.Tensor) -> torch.Tensor:
         if self.uses_suffix(state, pending):
             return self.suffix.extend(state.suffix, pending, paths)
-        limit = self.learned.max_draft_len()
-        if limit is not None and paths.shape[1] >= limit:  # past the learned part's last head: no guess
+        if paths.shape[1] >= self.learned_limit():  # past the learned part's last head: no guess
             return torch.full((paths.shape[0], self.learned.vocab.target_vocab), FLOOR)
         return self.widen(self.learned.extend(state.learned, pending, paths))
 

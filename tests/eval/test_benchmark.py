@@ -11,7 +11,7 @@ from speclab.speculator.families import build_speculator
 
 import speclab.eval.benchmark as benchmark
 from speclab.eval.benchmark import hf_generate_tok_s, score
-from speclab.eval.engine import generate_plain
+from speclab.eval.engine import generate_plain, generate_speculative
 from speclab.eval.prompts import encode_prompt
 from speclab.speculator.targets import tiny_llama
 from speculator_stubs import NeverSpeculator, OracleSpeculator, scripted
@@ -69,7 +69,6 @@ def test_score_does_not_learn_from_its_warm_up(target, prompts):
     # hand the scored decode of that prompt its own output
     speculator = build_speculator("suffix", {}, TargetInfo.of(target))
     scored = score(target, speculator, prompts[:1], MAX_NEW, K, progress=False)["acceptance"]
-    from speclab.eval.engine import generate_speculative
     fresh = generate_speculative(target, build_speculator("suffix", {}, TargetInfo.of(target)), prompts[0], MAX_NEW, K)
     assert scored["num_accepted_tokens"] == sum(fresh.accepted)
 

@@ -28,6 +28,8 @@ def test_family_runs_in_its_own_dtype(target, family, speculator_dtype):
     plain = generate_plain(target, PROMPT, 12)
     chain = generate_speculative(target, speculator, PROMPT, 12, 3)
     assert chain.tokens == plain.tokens
+    union = generate_tree(target, speculator, PROMPT, 12, TreeConfig("union", depth=3, budget=5))
+    assert union.tokens == plain.tokens  # the trie of its chains (the hybrid: both parts')
     try:
         tree = generate_tree(target, speculator, PROMPT, 12, TreeConfig(depth=2, top_k=2, budget=4))
     except NotImplementedError:  # families without tree drafting
