@@ -46,6 +46,7 @@ class FeatureStore:
     hidden: np.ndarray  # [N, H] memory-mapped
     dtype: str
     layers: dict[int, np.ndarray] = field(default_factory=dict)  # id -> [N, H] memory-mapped
+    built_now: dict | None = None  # {"tokens", "seconds"} the target ran for in this call (None: all reused)
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -62,7 +63,7 @@ class FeatureStore:
         that a bigger budget extended."""
         end = int(self.offsets[n])
         return FeatureStore(self.path, self.offsets[: n + 1], self.input_ids[:end], self.loss_mask[:end],
-                            self.hidden[:end], self.dtype, {i: a[:end] for i, a in self.layers.items()})
+                            self.hidden[:end], self.dtype, {i: a[:end] for i, a in self.layers.items()}, self.built_now)
 
     def example(self, i: int, layer_ids: Sequence[int] = ()) -> dict[str, torch.Tensor]:
         lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
@@ -101,26 +102,29 @@ def build_feature_store(target: FrozenTarget, examples, data_fingerprint: str, c
     if dtype not in _NP_DTYPES:
         raise ValueError(f"unknown feature_dtype {dtype!r}; valid: {sorted(_NP_DTYPES)}")
     out = cache_dir / feature_fingerprint(data_fingerprint, target, dtype)
+    passes = []  # (tokens, seconds) of each target pass this call made
     store = _complete_store(out)
     if store is None:
         with build_lock(out):  # a second writer waits here, then reuses the first one's store
             store = _complete_store(out)
             if store is None:
                 shutil.rmtree(out, ignore_errors=True)  # absent or damaged: rebuilt, never trusted
-                _write_feature_store(target, examples, out, dtype, batch_size, progress)
+                passes.append(_write_feature_store(target, examples, out, dtype, batch_size, progress))
                 store = open_feature_store(out)
     if not _holds(store, examples):  # a bigger data budget: append the new examples' rows
         with build_lock(out):
             store = open_feature_store(out)
             if not _holds(store, examples):
-                _extend_feature_store(target, store, examples, batch_size, progress)
+                passes.append(_extend_feature_store(target, store, examples, batch_size, progress))
                 store = open_feature_store(out)
     if any(not _layer_ok(store, i) for i in layer_ids):
         with build_lock(out):
             missing = sorted({i for i in layer_ids if not _layer_ok(store, i)})  # another run may have added them
             if missing:
-                _write_layers(target, store, missing, batch_size, progress)
+                passes.append(_write_layers(target, store, missing, batch_size, progress))
     store = open_feature_store(out, layer_ids)
+    if passes:
+        store.built_now = {"tokens": sum(t for t, _ in passes), "seconds": round(sum(s for _, s in passes), 3)}
     return store.head(len(examples)) if len(examples) < len(store) else store
 
 
@@ -189,19 +193,21 @@ def _new_memmap(path: Path, target: FrozenTarget, tokens: int, dtype: str) -> np
     return array
 
 
-def _write_feature_store(target, examples, out: Path, dtype: str, batch_size: int, progress: bool) -> None:
+def _write_feature_store(target, examples, out: Path, dtype: str, batch_size: int, progress: bool) -> tuple[int, float]:
+    """A new store of every example: (tokens the target ran over, seconds)."""
     ids = [list(e["input_ids"]) for e in examples]
     masks = [list(e["loss_mask"]) for e in examples]
     offsets = np.concatenate([[0], np.cumsum([len(x) for x in ids])]).astype(np.int64)
     tmp = work_dir_for(out)  # this writer's own folder: never shared with a concurrent build
     try:
-        _fill_feature_store(target, ids, masks, offsets, tmp, dtype, batch_size, progress)
+        seconds = _fill_feature_store(target, ids, masks, offsets, tmp, dtype, batch_size, progress)
         publish_dir(tmp, out)
+        return int(offsets[-1]), seconds
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # gone already unless the build failed
 
 
-def _fill_feature_store(target, ids, masks, offsets, tmp: Path, dtype: str, batch_size: int, progress: bool) -> None:
+def _fill_feature_store(target, ids, masks, offsets, tmp: Path, dtype: str, batch_size: int, progress: bool) -> float:
     t0 = time.perf_counter()
     np.save(tmp / "offsets.npy", offsets)
     np.save(tmp / "input_ids.npy", np.concatenate([np.asarray(x, dtype=np.int32) for x in ids]))
@@ -211,15 +217,17 @@ def _fill_feature_store(target, ids, masks, offsets, tmp: Path, dtype: str, batc
         _store_rows(hidden, int(offsets[i]), batch_out.hidden[row, :n], dtype)
     hidden.flush()
     del hidden
-    (tmp / COMPLETE_MARKER).write_text(json.dumps({"dtype": dtype, "tokens": int(offsets[-1]),
-                                                   "seconds": time.perf_counter() - t0}))
+    seconds = time.perf_counter() - t0
+    (tmp / COMPLETE_MARKER).write_text(json.dumps({"dtype": dtype, "tokens": int(offsets[-1]), "seconds": seconds}))
+    return seconds
 
 
 def _extend_feature_store(target: FrozenTarget, store: FeatureStore, examples, batch_size: int,
-                          progress: bool) -> None:
+                          progress: bool) -> tuple[int, float]:
     """A new store of every example: the old rows copied, the target run only over the new
     examples (for the hidden state and every layer file the old store has), then swapped in
-    for the old one (renamed aside first: a reader never sees a mixture)."""
+    for the old one (renamed aside first: a reader never sees a mixture). Returns (tokens the
+    target ran over, seconds)."""
     old_n, old_tokens = len(store), int(store.offsets[-1])
     new = [list(examples[i]["input_ids"]) for i in range(old_n, len(examples))]
     masks = [list(examples[i]["loss_mask"]) for i in range(old_n, len(examples))]
@@ -248,32 +256,41 @@ def _extend_feature_store(target: FrozenTarget, store: FeatureStore, examples, b
         for array, _ in arrays.values():
             array.flush()
         del arrays
-        seconds = meta.get("seconds", 0.0) + time.perf_counter() - t0
-        (tmp / COMPLETE_MARKER).write_text(json.dumps({**meta, "tokens": int(offsets[-1]), "seconds": seconds}))
+        seconds = time.perf_counter() - t0
+        (tmp / COMPLETE_MARKER).write_text(json.dumps({**meta, "tokens": int(offsets[-1]),
+                                                       "seconds": meta.get("seconds", 0.0) + seconds}))
         aside = store.path.with_name(f".{store.path.name}.old-{os.getpid()}")
         os.replace(store.path, aside)
         publish_dir(tmp, store.path)
         shutil.rmtree(aside, ignore_errors=True)
+        return int(offsets[-1]) - old_tokens, seconds
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # gone already unless the build failed
 
 
 def cache_report(store: FeatureStore) -> dict:
     """The whole feature cache behind `store`: tokens, bytes on disk, seconds the target spent
-    building it (all extensions together) and tokens per second."""
+    building it (all extensions together, layer files not counted) and tokens per second; and
+    `built_now`, what this process's call computed (a build, an extension's new rows or added
+    layer files): absent when the cache was reused whole."""
     meta = json.loads((store.path / COMPLETE_MARKER).read_text())
     size = sum(p.stat().st_size for p in store.path.iterdir() if p.is_file())
     seconds = meta.get("seconds")
-    return {"tokens": meta["tokens"], "bytes": size, "seconds": None if seconds is None else round(seconds, 3),
-            "tok_s": round(meta["tokens"] / seconds, 2) if seconds else None}
+    report = {"tokens": meta["tokens"], "bytes": size, "seconds": None if seconds is None else round(seconds, 3),
+              "tok_s": round(meta["tokens"] / seconds, 2) if seconds else None}
+    if store.built_now is not None:
+        report["built_now"] = store.built_now
+    return report
 
 
 def _write_layers(target: FrozenTarget, store: FeatureStore, layer_ids: list[int], batch_size: int,
-                  progress: bool) -> None:
+                  progress: bool) -> tuple[int, float]:
     """One extra pass adding `layer_<id>.npy` per id. Each file appears atomically (written
-    under a per-process name, then renamed), so concurrent runs at worst compute one twice."""
+    under a per-process name, then renamed), so concurrent runs at worst compute one twice.
+    Returns (tokens the target ran over, seconds)."""
     if min(layer_ids) < 0 or max(layer_ids) > target.num_layers:
         raise ValueError(f"target layer ids {layer_ids} outside 0..{target.num_layers} (0 = embeddings)")
+    t0 = time.perf_counter()
     ids = [store.input_ids[store.offsets[e] : store.offsets[e + 1]].tolist() for e in range(len(store))]
     tag = f".tmp{os.getpid()}"
     arrays = {j: _new_memmap(store.path / (_layer_file(j) + tag), target, len(store.input_ids), store.dtype)
@@ -284,6 +301,7 @@ def _write_layers(target: FrozenTarget, store: FeatureStore, layer_ids: list[int
     for j in layer_ids:
         arrays.pop(j).flush()
         os.replace(store.path / (_layer_file(j) + tag), store.path / _layer_file(j))
+    return len(store.input_ids), time.perf_counter() - t0
 
 
 def open_feature_store(path: Path, layer_ids: Sequence[int] = ()) -> FeatureStore:

@@ -211,6 +211,9 @@ def test_the_feature_cache_appends_only_the_new_examples(target, tmp_path, monke
                         real(t, ids, *a, **k))
     big = build_feature_store(target, data, "fp", tmp_path, batch_size=2, progress=False, layer_ids=[1])
     assert computed == [3] and len(big) == 6  # one pass over the three new examples, layer 1 included
+    new_tokens = int(big.offsets[-1] - small.offsets[-1])
+    assert features.cache_report(big)["built_now"]["tokens"] == new_tokens  # this call's work, not the cache's
+    assert features.cache_report(small)["built_now"]["tokens"] == 2 * int(small.offsets[-1])  # hidden + layer pass
     fresh = build_feature_store(target, data, "other", tmp_path, batch_size=2, progress=False, layer_ids=[1])
     for i in range(6):
         a, b = big.example(i, [1]), fresh.example(i, [1])
@@ -221,3 +224,4 @@ def test_the_feature_cache_appends_only_the_new_examples(target, tmp_path, monke
     assert len(head) == 3 and np.array_equal(head.input_ids, small.input_ids) and len(computed) == passes
     assert head.bytes_per_token == big.bytes_per_token
     assert features.cache_report(head)["tokens"] == int(big.offsets[-1])
+    assert "built_now" not in features.cache_report(head)  # reused whole: nothing computed
