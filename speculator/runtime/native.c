@@ -24,6 +24,7 @@
  * the same for every M, so batch invariance holds unchanged.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -153,14 +154,23 @@ static inline uint16_t to_bf16(float f) {
 /* The calling thread's buffer for the bf16 copy of a GEMM's input rows: grown when a call
  * needs more, kept for the next (as large as the largest call's rows: ~100 KB while decoding,
  * a few MB when a batch of prompts is prefilled), so a decoding step's ~120 GEMMs allocate
- * nothing. Per thread because two Python threads may run GEMMs at once. */
+ * nothing. Per thread because two Python threads may run GEMMs at once; a pthread key's
+ * destructor frees it when its thread exits (the __thread pointer alone would leak it). */
 static __thread uint16_t *rows_bf16;
 static __thread size_t rows_bf16_len;
+static pthread_key_t rows_bf16_key;
+static pthread_once_t rows_bf16_once = PTHREAD_ONCE_INIT;
+
+static void rows_bf16_key_create(void) {
+    if (pthread_key_create(&rows_bf16_key, free) != 0) abort();
+}
 
 static uint16_t *bf16_rows_buffer(size_t len) {
     if (len > rows_bf16_len) {
         uint16_t *grown = realloc(rows_bf16, len * sizeof *grown);
         if (grown == NULL) abort();
+        pthread_once(&rows_bf16_once, rows_bf16_key_create);
+        if (pthread_setspecific(rows_bf16_key, grown) != 0) abort(); /* the destructor frees the newest block */
         rows_bf16 = grown;
         rows_bf16_len = len;
     }

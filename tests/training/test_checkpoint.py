@@ -96,6 +96,25 @@ def test_disk_full_mid_write_fails_loudly_and_keeps_the_last_good_checkpoint(tmp
     assert sorted(p.name for p in s.root.iterdir()) == [step_dir_name(1)]  # no half-written leftovers
 
 
+def test_disk_full_at_the_completion_marker_leaves_no_unmarked_step(tmp_path, monkeypatch):
+    """The marker goes through the shared atomic writer, not the weights' seam: fail it there."""
+    s = store(tmp_path)
+    s.save(1, states(1))
+    real = ck.cache_lock.write_file
+
+    def full_at_marker(path, data, mode=None):
+        if MARKER in path.name:  # the marker's private sibling, written before its rename
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(path, data, mode)
+
+    monkeypatch.setattr(ck.cache_lock, "write_file", full_at_marker)
+    with pytest.raises(CheckpointWriteError, match="No space left on device"):
+        s.save(2, states(2))
+    monkeypatch.setattr(ck.cache_lock, "write_file", real)
+    assert complete_steps(s.root) == [1] and s.load_latest()["step"] == 1
+    assert sorted(p.name for p in s.root.iterdir()) == [step_dir_name(1)]  # the renamed step is gone too
+
+
 def drop_permission_override() -> None:
     """Root ignores permission bits through CAP_DAC_OVERRIDE / CAP_DAC_READ_SEARCH: drop both
     from the bounding set before exec, so the writer process honours chmod as any user does."""
