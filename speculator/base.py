@@ -234,6 +234,19 @@ class Speculator(nn.Module):
         """The longest chain this speculator can propose (None: unbounded)."""
         return None
 
+    def training_data_tokens(self) -> int:
+        """How many tokens of the run's training answers `use_training_data` keeps (0: it
+        takes none; a learned family learns from the data by training instead)."""
+        return 0
+
+    def use_training_data(self, answers) -> None:
+        """Keep a non-parametric memory of the run's training answers (token lists: the
+        target's own outputs), e.g. suffix's corpus tree. Called once the weights are final."""
+
+    def corpus_report(self) -> dict:
+        """What `use_training_data` kept (answers, tokens, ...); {} for a family that keeps none."""
+        return {}
+
     def reset(self) -> None:
         """Forget what earlier requests taught it (suffix's eval history); a learned family
         holds nothing between requests. Called between methods scored on the same prompts."""

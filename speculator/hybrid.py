@@ -116,6 +116,16 @@ class HybridSpeculator(Speculator):
         self.learned.reset()
         self.suffix.reset()
 
+    def training_data_tokens(self) -> int:
+        return self.learned.training_data_tokens() + self.suffix.training_data_tokens()
+
+    def use_training_data(self, answers) -> None:
+        self.learned.use_training_data(answers)
+        self.suffix.use_training_data(answers)
+
+    def corpus_report(self) -> dict:
+        return {**self.learned.corpus_report(), **self.suffix.corpus_report()}
+
     def start(self, prompt_ids, prompt_hidden, layers=None) -> HybridState:
         return HybridState(self.learned.start(prompt_ids, prompt_hidden, layers),
                            self.suffix.start(prompt_ids, prompt_hidden))

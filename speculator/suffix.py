@@ -13,15 +13,32 @@ token allows ceil(spec_factor * m) confident drafts (a long match predicts a lon
 continuation; a one-token match barely one token), and a candidate less likely than
 min_prob is not confident either. Past that, drafts are still the best guesses but ranked
 as not confident (lookup.py), which is what a tree's budget and the hybrid's rule read.
+
+A third trie, optional (`corpus_tokens`): the target's own answers from the run's training
+data (`use_training_data`), standing in for the earlier requests a serving engine's global
+tree would have seen. The platform builds those answers anyway (self-distillation), so the
+tree costs no generation: seconds to build, no training. It is kept in the checkpoint as a
+token buffer (`corpus_ids`, `corpus_offsets`: data, never code) and rebuilt from it on load;
+`reset` forgets the eval's outputs, never the corpus. With `corpus_tokens: 0` (the default,
+and what the training-free baselines use) the drafter is the paper's.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
 
 from .lookup import Guess, TokenHistory, TrainingFree
 from .suffix_tree import SuffixTrie, Writer, ranked_children
+
+# Built corpus tries by content: read-only once built, so the copies of one speculator that
+# a bench or a pilot makes share one instead of rebuilding it (seconds, ~300 B per node).
+_CORPUS_TRIES: dict[tuple[str, int], SuffixTrie] = {}
+_CORPUS_TRIES_KEPT = 2
 
 
 @dataclass
@@ -34,13 +51,17 @@ class SuffixConfig:
     """A candidate below this empirical probability is not confident."""
     global_outputs: bool = True
     """Also match the outputs of the eval's earlier requests (SuffixDecoding's global tree)."""
+    corpus_tokens: int = 0
+    """Also match the target's answers in the run's training data, up to this many tokens
+    (whole answers, in data order): the earlier requests a serving engine would have seen.
+    0: no corpus (the paper's drafter; the training-free baselines)."""
     draft_vocab_size: int = 0
     """Always 0: the drafter proposes tokens it has seen, from the whole vocabulary."""
 
     def __post_init__(self) -> None:
-        if self.max_pattern < 1 or self.spec_factor <= 0 or not 0 <= self.min_prob <= 1:
-            raise ValueError(f"suffix needs max_pattern >= 1, spec_factor > 0, 0 <= min_prob <= 1; got "
-                             f"{self.max_pattern}, {self.spec_factor}, {self.min_prob}")
+        if self.max_pattern < 1 or self.spec_factor <= 0 or not 0 <= self.min_prob <= 1 or self.corpus_tokens < 0:
+            raise ValueError(f"suffix needs max_pattern >= 1, spec_factor > 0, 0 <= min_prob <= 1, corpus_tokens "
+                             f">= 0; got {self.max_pattern}, {self.spec_factor}, {self.min_prob}, {self.corpus_tokens}")
 
 
 @dataclass
@@ -49,6 +70,7 @@ class SuffixState(TokenHistory):
     writer: Writer | None = None
     prompt_len: int = 0
     root: tuple[int, int, int] = (-1, -1, 0)  # (committed count, pending, match length) of the last root match
+    corpus: SuffixTrie | None = None  # the training answers' trie, looked up once per request
 
 
 class SuffixSpeculator(TrainingFree):
@@ -59,6 +81,68 @@ class SuffixSpeculator(TrainingFree):
         super().__init__(config, target)
         self.history = SuffixTrie(config.max_pattern + 1)  # earlier outputs of this eval
         self._open: SuffixState | None = None  # the request being decoded: its output joins history next
+        # The corpus: answers concatenated, answer i at [offsets[i], offsets[i + 1]).
+        self.register_buffer("corpus_ids", torch.zeros(0, dtype=torch.int32))
+        self.register_buffer("corpus_offsets", torch.zeros(1, dtype=torch.int64))
+
+    # --- the corpus of training answers -----------------------------------------------
+
+    def training_data_tokens(self) -> int:
+        return self.config.corpus_tokens
+
+    def use_training_data(self, answers: Sequence[Sequence[int]]) -> None:
+        """Keep whole answers, in order, while `corpus_tokens` lasts (the last one cut to fit)."""
+        kept, room = [], self.config.corpus_tokens
+        for answer in answers:
+            if room <= 0:
+                break
+            if len(answer) >= 2:  # a one-token answer has no continuation to teach
+                kept.append(list(answer)[:room])
+                room -= len(kept[-1])
+        lengths = torch.tensor([0] + [len(a) for a in kept], dtype=torch.int64)
+        self.corpus_offsets = lengths.cumsum(0)
+        self.corpus_ids = torch.tensor([t for a in kept for t in a], dtype=torch.int32)
+
+    def corpus_report(self) -> dict:
+        trie = self.corpus_trie()
+        return {"answers": len(self.corpus_offsets) - 1, "tokens": int(self.corpus_ids.numel()),
+                "trie_nodes": trie.size if trie is not None else 0}
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # The corpus is as long as the checkpoint's: take its shape before the copy. A file
+        # from a stranger is still only data: integer tensors, checked before any use.
+        for name in ("corpus_ids", "corpus_offsets"):
+            saved = state_dict.get(prefix + name)
+            if saved is not None:
+                setattr(self, name, torch.empty(saved.shape, dtype=getattr(self, name).dtype))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self._check_corpus()
+
+    def _check_corpus(self) -> None:
+        ids, offsets = self.corpus_ids, self.corpus_offsets
+        n = int(ids.numel())
+        if ids.ndim != 1 or offsets.ndim != 1 or len(offsets) < 1 or int(offsets[0]) != 0 or int(offsets[-1]) != n \
+                or bool((offsets[1:] < offsets[:-1]).any()):
+            raise ValueError("suffix corpus: corpus_offsets do not split corpus_ids into answers")
+        if n and (int(ids.min()) < 0 or int(ids.max()) >= self.target_info.vocab_size):
+            raise ValueError(f"suffix corpus: token ids outside the target's vocabulary ({self.target_info.vocab_size})")
+
+    def corpus_trie(self) -> SuffixTrie | None:
+        """The trie of the corpus (None without one), built on first use and shared by copies."""
+        if self.corpus_ids.numel() == 0:
+            return None
+        ids, offsets = self.corpus_ids.cpu(), self.corpus_offsets.cpu()
+        key = (hashlib.sha256(ids.numpy().tobytes() + offsets.numpy().tobytes()).hexdigest(), self.config.max_pattern)
+        trie = _CORPUS_TRIES.get(key)
+        if trie is None:
+            self._check_corpus()
+            trie, flat, bounds = SuffixTrie(self.config.max_pattern + 1), ids.tolist(), offsets.tolist()
+            for lo, hi in zip(bounds, bounds[1:]):
+                trie.add(flat[lo:hi])
+            while len(_CORPUS_TRIES) >= _CORPUS_TRIES_KEPT:
+                _CORPUS_TRIES.pop(next(iter(_CORPUS_TRIES)))
+            _CORPUS_TRIES[key] = trie
+        return trie
 
     def reset(self) -> None:
         self.history = SuffixTrie(self.config.max_pattern + 1)
@@ -71,7 +155,7 @@ class SuffixSpeculator(TrainingFree):
         if self._open is not None and self.config.global_outputs:
             self.history.add(self._open.tokens[self._open.prompt_len:])
         trie = SuffixTrie(self.config.max_pattern + 1)
-        self._open = SuffixState(trie=trie, writer=trie.writer())
+        self._open = SuffixState(trie=trie, writer=trie.writer(), corpus=self.corpus_trie())
         return self._open
 
     def start(self, prompt_ids, prompt_hidden, layers=None) -> SuffixState:
@@ -85,10 +169,14 @@ class SuffixSpeculator(TrainingFree):
             state.writer.append(token)
 
     def match(self, state: SuffixState, context: list[int]) -> tuple[int, list[tuple[int, float]]]:
-        """(match length, ranked candidates) of the better of the request's and the history's tries."""
+        """(match length, ranked candidates) of the best of the request's, the history's and
+        the corpus's tries (the longest match; on a tie, the first of them in that order)."""
         length, node = state.trie.longest_match(context, self.config.max_pattern)
-        if self.config.global_outputs and self.history.size > 1:
-            other, other_node = self.history.longest_match(context, self.config.max_pattern)
+        others = [self.history] if self.config.global_outputs and self.history.size > 1 else []
+        if state.corpus is not None:
+            others.append(state.corpus)
+        for trie in others:
+            other, other_node = trie.longest_match(context, self.config.max_pattern)
             if other > length:
                 length, node = other, other_node
         return length, ranked_children(node) if node.children else []

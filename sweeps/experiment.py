@@ -25,7 +25,8 @@ from speclab.speculator.lookup import TrainingFree
 from speclab.speculator.target import FrozenTarget
 from speclab.speculator.targets import cache_root
 from speclab.training.data import DataBundle, DataConfig, build_dataset
-from speclab.training.features import FeatureDataset, assistant_token_counts, build_feature_store, cache_report
+from speclab.training.features import (FeatureDataset, assistant_token_counts, build_feature_store, cache_report,
+                                       training_answers)
 from speclab.training.stages import stage_configs, stage_data
 from speclab.training.checkpoint import final_weights
 from speclab.training.supervisor import CHECKPOINTS, SupervisorConfig, supervise
@@ -209,6 +210,7 @@ def trained(cfg: DictConfig, run_dir: Path, result: dict) -> tuple[FrozenTarget,
     result["speculator"] = {"family": speculator.family, "params": speculator.num_params()}
     result["data"] = {**prep.data_stats, "feature_bytes_per_token": prep.feature_bytes_per_token}
     heldout, token_counts = prep.heldout, prep.token_counts
+    answers = training_answers(prep.dataset[-1]) if speculator.training_data_tokens() else None
     # Each training attempt is a child process that loads its own target: the parent's
     # copy is dropped meanwhile (on a GPU it would take the memory training needs) and
     # loaded again for scoring (the conversion is cached; a seeded target rebuilds equal).
@@ -222,6 +224,8 @@ def trained(cfg: DictConfig, run_dir: Path, result: dict) -> tuple[FrozenTarget,
     target: FrozenTarget = instantiate(cfg.target)
     speculator = new_speculator(cfg, target, token_counts)
     speculator.load_state_dict(final_weights(run_dir / CHECKPOINTS))
+    if answers is not None:
+        result["data"]["corpus"] = keep_answers(speculator, answers)
     speculator.save(run_dir / SPECULATOR_DIR,
                     extra={"target_config": OmegaConf.to_container(cfg.target, resolve=True)})
     result["checkpoint"] = str(SPECULATOR_DIR)
@@ -235,11 +239,13 @@ def untrained(cfg: DictConfig, run_dir: Path, result: dict) -> tuple[FrozenTarge
     held-out prompts from it: the same prompts the learned runs are scored on."""
     target: FrozenTarget = instantiate(cfg.target)
     heldout = []
-    if cfg.eval.heldout_prompts:
+    speculator = new_speculator(cfg, target, None)
+    if cfg.eval.heldout_prompts or speculator.training_data_tokens():  # held-out prompts, or a corpus of answers
         last = stage_configs(cfg.training)[-1]
         data = build_data(cfg, target, stage_data(OmegaConf.to_container(cfg.data, resolve=True), last))
         heldout, result["data"] = data.heldout, {**data.stats, "feature_bytes_per_token": None}
-    speculator = new_speculator(cfg, target, None)
+        if speculator.training_data_tokens():
+            result["data"]["corpus"] = keep_answers(speculator, training_answers(FeatureDataset(examples=data.train)))
     result["speculator"] = {"family": speculator.family, "params": speculator.num_params()}
     result["train"] = {"steps": 0, "tokens": 0, "wall_s": 0.0, "final_loss": None, "restarts": 0, "rollbacks": 0}
     # Saved like a trained one (its config, no tensors), so the best run can be exported
@@ -248,6 +254,17 @@ def untrained(cfg: DictConfig, run_dir: Path, result: dict) -> tuple[FrozenTarge
     result["checkpoint"] = str(SPECULATOR_DIR)
     result["final_weights_sha256"] = weights_sha256(speculator.state_dict())
     return target, speculator, heldout
+
+
+def keep_answers(speculator: Speculator, answers: list[list[int]]) -> dict:
+    """Hand the training answers to the speculator (suffix's corpus tree, built here so that
+    its seconds are counted once, in the run): result.json's `data.corpus`."""
+    start = time.perf_counter()
+    speculator.use_training_data(answers)
+    report = {"answers_in_data": len(answers), **speculator.corpus_report(),
+              "seconds": round(time.perf_counter() - start, 3)}
+    log.info("corpus of training answers: %s", report)
+    return report
 
 
 def _inside(path: Path, root: str) -> bool:

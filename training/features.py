@@ -332,6 +332,33 @@ def assistant_token_counts(examples, vocab_size: int) -> torch.Tensor:  # [V] in
     return torch.from_numpy(np.bincount(ids[mask], minlength=vocab_size).astype(np.int64))
 
 
+def answer_spans(input_ids: Sequence[int], loss_mask: Sequence[int]) -> list[list[int]]:
+    """The runs of consecutive loss tokens of one example: each assistant answer (a
+    multi-turn example has several), never joined across the prompt between them."""
+    spans, current = [], []
+    for token, keep in zip(input_ids, loss_mask):
+        if keep:
+            current.append(int(token))
+        elif current:
+            spans.append(current)
+            current = []
+    return spans + ([current] if current else [])
+
+
+def training_answers(dataset: "FeatureDataset") -> list[list[int]]:
+    """Every answer of a training set, in data order (what `Speculator.use_training_data` takes)."""
+    answers = []
+    if dataset.store is not None:
+        store = dataset.store
+        for i in range(len(store)):
+            lo, hi = int(store.offsets[i]), int(store.offsets[i + 1])
+            answers += answer_spans(store.input_ids[lo:hi].tolist(), store.loss_mask[lo:hi].tolist())
+    else:
+        for e in dataset.examples:
+            answers += answer_spans(list(e["input_ids"]), list(e["loss_mask"]))
+    return answers
+
+
 class FeatureDataset(torch.utils.data.Dataset):
     """Examples of a FeatureStore (offline), or token-only examples (online)."""
 

@@ -187,3 +187,61 @@ def test_a_saved_training_free_speculator_is_its_config(family, tmp_path):
     spec.save(tmp_path / "ckpt")
     loaded = load_speculator(tmp_path / "ckpt", info())
     assert loaded.family == family and loaded.config == spec.config and loaded.num_params() == 0
+
+
+# --- suffix's corpus of training answers ------------------------------------------------------
+
+
+def test_suffix_drafts_from_a_corpus_of_training_answers_and_keeps_it_across_resets():
+    spec = build_speculator("suffix", {"corpus_tokens": 100}, info())
+    unseeded = build_speculator("suffix", {}, info())
+    spec.use_training_data([[5, 6, 7, 8, 9], [1], [2, 3, 4]])  # a one-token answer teaches nothing
+    assert spec.corpus_report() == {"answers": 2, "tokens": 8, "trie_nodes": spec.corpus_trie().size}
+    for _ in range(2):
+        drafts, logits = spec.propose(started(spec, [4, 5, 6]), torch.tensor([[7]]), 2)
+        assert drafts[0].tolist() == [8, 9] and logits[0, 0].max() == 0.0  # a new request: only the corpus knows
+        spec.reset()  # forgets the eval's outputs, never the corpus
+    drafts, _ = unseeded.propose(started(unseeded, [4, 5, 6]), torch.tensor([[7]]), 2)
+    assert drafts[0].tolist() != [8, 9]
+
+
+def test_suffix_corpus_keeps_whole_answers_in_order_within_its_budget():
+    spec = build_speculator("suffix", {"corpus_tokens": 6}, info())
+    spec.use_training_data([[1, 2, 3, 4], [5, 6, 7, 8], [9, 10]])
+    assert spec.corpus_ids.tolist() == [1, 2, 3, 4, 5, 6] and spec.corpus_offsets.tolist() == [0, 4, 6]
+    off = build_speculator("suffix", {}, info())
+    off.use_training_data([[1, 2, 3]])
+    assert off.corpus_report()["tokens"] == 0 and off.corpus_trie() is None
+    with pytest.raises(ValueError, match="corpus_tokens"):
+        build_speculator("suffix", {"corpus_tokens": -1}, info())
+
+
+def test_a_saved_corpus_loads_back_and_a_damaged_one_is_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from speclab.speculator.families import load_speculator
+
+    spec = build_speculator("hybrid", {"learned": {"family": "mlp", "n_predict": 2, "inner_dim": 16},
+                                       "suffix": {"corpus_tokens": 50}}, info())
+    spec.use_training_data([[5, 6, 7, 8, 9], [2, 3, 4]])
+    spec.save(tmp_path / "ckpt")
+    loaded = load_speculator(tmp_path / "ckpt", info())
+    assert torch.equal(loaded.suffix.corpus_ids, spec.suffix.corpus_ids)
+    assert loaded.suffix.corpus_trie().size == spec.suffix.corpus_trie().size
+    tensors = load_file(tmp_path / "ckpt" / "model.safetensors")
+    tensors["suffix.corpus_ids"] = torch.tensor([5, 6, 7, 8, V + 3, 2, 3, 4], dtype=torch.int32)  # not a token of V
+    save_file(tensors, tmp_path / "ckpt" / "model.safetensors")
+    with pytest.raises(ValueError, match="corrupt speculator checkpoint.*outside the target's vocabulary"):
+        load_speculator(tmp_path / "ckpt", info())
+    tensors["suffix.corpus_ids"] = spec.suffix.corpus_ids
+    tensors["suffix.corpus_offsets"] = torch.tensor([0, 5, 99])  # past the end of the ids
+    save_file(tensors, tmp_path / "ckpt" / "model.safetensors")
+    with pytest.raises(ValueError, match="do not split corpus_ids"):
+        load_speculator(tmp_path / "ckpt", info())
+
+
+def test_answer_spans_are_the_runs_of_loss_tokens():
+    from speclab.training.features import answer_spans
+
+    assert answer_spans([1, 2, 3, 4, 5, 6, 7], [0, 1, 1, 0, 0, 1, 1]) == [[2, 3], [6, 7]]
+    assert answer_spans([1, 2], [0, 0]) == []

@@ -79,3 +79,9 @@ def test_a_hybrid_run_also_scores_its_parts_alone(tmp_path, monkeypatch):
     for part in parts.values():  # each scored on the same prompts, lossless, with its own figures
         assert part["lossless_mismatches"] == 0 and part["speedup"] > 0 and part["mean_acceptance_length"] >= 1
         assert part["method"]["kind"] == "chain"
+    # Its suffix part took the training answers as its corpus, and the saved checkpoint holds them.
+    corpus = result["data"]["corpus"]
+    assert corpus["answers"] == corpus["answers_in_data"] > 0 and corpus["tokens"] == result["data"]["assistant_tokens"]
+    from speclab.speculator.families import load_speculator
+    saved = load_speculator(run_dir / result["checkpoint"], experiment.TargetInfo.of(experiment.instantiate(cfg.target)))
+    assert saved.suffix.corpus_report()["tokens"] == corpus["tokens"]
