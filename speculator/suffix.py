@@ -111,10 +111,11 @@ class SuffixSpeculator(TrainingFree):
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # The corpus is as long as the checkpoint's: take its shape before the copy. A file
         # from a stranger is still only data: integer tensors, checked before any use.
-        for name in ("corpus_ids", "corpus_offsets"):
-            saved = state_dict.get(prefix + name)
-            if saved is not None:
-                setattr(self, name, torch.empty(saved.shape, dtype=getattr(self, name).dtype))
+        for name, empty in (("corpus_ids", torch.zeros(0, dtype=torch.int32)), ("corpus_offsets", torch.zeros(1, dtype=torch.int64))):
+            if prefix + name not in state_dict:  # saved before suffix had a corpus: an empty one
+                state_dict[prefix + name] = empty
+            saved = state_dict[prefix + name]
+            setattr(self, name, torch.empty(saved.shape, dtype=getattr(self, name).dtype))
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
         self._check_corpus()
 

@@ -240,6 +240,18 @@ def test_a_saved_corpus_loads_back_and_a_damaged_one_is_refused(tmp_path):
         load_speculator(tmp_path / "ckpt", info())
 
 
+def test_a_suffix_saved_before_the_corpus_existed_loads_with_none(tmp_path):
+    from safetensors.torch import save_file
+
+    from speclab.speculator.families import load_speculator
+
+    spec = build_speculator("suffix", {}, info())
+    spec.save(tmp_path / "old")
+    save_file({}, tmp_path / "old" / "model.safetensors")  # what an earlier version wrote: no tensors
+    loaded = load_speculator(tmp_path / "old", info())
+    assert loaded.corpus_report() == {"answers": 0, "tokens": 0, "trie_nodes": 0}
+
+
 def test_answer_spans_are_the_runs_of_loss_tokens():
     from speclab.training.features import answer_spans
 
