@@ -197,6 +197,8 @@ def test_suffix_drafts_from_a_corpus_of_training_answers_and_keeps_it_across_res
     unseeded = build_speculator("suffix", {}, info())
     spec.use_training_data([[5, 6, 7, 8, 9], [1], [2, 3, 4]])  # a one-token answer teaches nothing
     assert spec.corpus_report() == {"answers": 2, "tokens": 8, "trie_nodes": spec.corpus_trie().size}
+    import gc
+    assert gc.get_freeze_count() >= spec.corpus_trie().size  # full collections skip its nodes
     for _ in range(2):
         drafts, logits = spec.propose(started(spec, [4, 5, 6]), torch.tensor([[7]]), 2)
         assert drafts[0].tolist() == [8, 9] and logits[0, 0].max() == 0.0  # a new request: only the corpus knows
