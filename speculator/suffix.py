@@ -25,6 +25,8 @@ and what the training-free baselines use) the drafter is the paper's.
 
 from __future__ import annotations
 
+import atexit
+import functools
 import gc
 import hashlib
 import math
@@ -40,6 +42,13 @@ from .suffix_tree import SuffixTrie, Writer, ranked_children
 # a bench or a pilot makes share one instead of rebuilding it (seconds, ~300 B per node).
 _CORPUS_TRIES: dict[tuple[str, int], SuffixTrie] = {}
 _CORPUS_TRIES_KEPT = 2
+
+
+@functools.lru_cache(maxsize=None)
+def _unfreeze_at_exit() -> None:
+    """Give frozen objects back to the collector at exit, so that interpreter shutdown
+    finalises them (extension types such as triton's complain about objects left alive)."""
+    atexit.register(gc.unfreeze)
 
 
 @dataclass
@@ -146,6 +155,7 @@ class SuffixSpeculator(TrainingFree):
             # decoding pause ~1 s at random steps). Frozen, the collector skips them.
             gc.collect()
             gc.freeze()
+            _unfreeze_at_exit()
             while len(_CORPUS_TRIES) >= _CORPUS_TRIES_KEPT:
                 _CORPUS_TRIES.pop(next(iter(_CORPUS_TRIES)))
             _CORPUS_TRIES[key] = trie
