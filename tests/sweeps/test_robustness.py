@@ -201,7 +201,7 @@ def _build_features_after(barrier, cache, queue):
     torch.set_num_threads(1)
     writes = []
     real_write = features._write_feature_store
-    features._write_feature_store = lambda *a, **k: (writes.append(1), real_write(*a, **k))
+    features._write_feature_store = lambda *a, **k: (writes.append(1), real_write(*a, **k))[1]  # counted, result kept
     target = tiny_llama(seed=0)
     barrier.wait()  # both processes ask for the same missing cache at once
     store = features.build_feature_store(target, _race_examples(), "race", cache, batch_size=4, progress=False)
