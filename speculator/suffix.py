@@ -44,6 +44,11 @@ _CORPUS_TRIES: dict[tuple[str, int], SuffixTrie] = {}
 _CORPUS_TRIES_KEPT = 2
 
 
+def _empty_corpus() -> dict[str, torch.Tensor]:
+    """The corpus buffers of a suffix drafter without one (no ids, one offset)."""
+    return {"corpus_ids": torch.zeros(0, dtype=torch.int32), "corpus_offsets": torch.zeros(1, dtype=torch.int64)}
+
+
 @functools.lru_cache(maxsize=None)
 def _unfreeze_at_exit() -> None:
     """Give frozen objects back to the collector at exit, so that interpreter shutdown
@@ -92,8 +97,8 @@ class SuffixSpeculator(TrainingFree):
         self.history = SuffixTrie(config.max_pattern + 1)  # earlier outputs of this eval
         self._open: SuffixState | None = None  # the request being decoded: its output joins history next
         # The corpus: answers concatenated, answer i at [offsets[i], offsets[i + 1]).
-        self.register_buffer("corpus_ids", torch.zeros(0, dtype=torch.int32))
-        self.register_buffer("corpus_offsets", torch.zeros(1, dtype=torch.int64))
+        for name, empty in _empty_corpus().items():
+            self.register_buffer(name, empty)
 
     # --- the corpus of training answers -----------------------------------------------
 
@@ -121,11 +126,9 @@ class SuffixSpeculator(TrainingFree):
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # The corpus is as long as the checkpoint's: take its shape before the copy. A file
         # from a stranger is still only data: integer tensors, checked as soon as they load.
-        for name, empty in (("corpus_ids", torch.zeros(0, dtype=torch.int32)), ("corpus_offsets", torch.zeros(1, dtype=torch.int64))):
-            if prefix + name not in state_dict:  # saved before suffix had a corpus: an empty one
-                state_dict[prefix + name] = empty
-            saved = state_dict[prefix + name]
-            setattr(self, name, torch.empty(saved.shape, dtype=getattr(self, name).dtype))
+        for name, empty in _empty_corpus().items():
+            saved = state_dict.setdefault(prefix + name, empty)  # saved before suffix had a corpus: none
+            setattr(self, name, torch.empty(saved.shape, dtype=empty.dtype))
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
         self._check_corpus()
 
