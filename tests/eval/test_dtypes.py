@@ -24,8 +24,12 @@ def target(request):
 @pytest.mark.parametrize("speculator_dtype", [torch.float32, torch.bfloat16], ids=["spec-fp32", "spec-bf16"])
 def test_family_runs_in_its_own_dtype(target, family, speculator_dtype):
     torch.manual_seed(0)
-    speculator = build_speculator(family, {}, TargetInfo.of(target)).to(speculator_dtype).eval()
     plain = generate_plain(target, PROMPT, 12)
+    speculator = build_speculator(family, {}, TargetInfo.of(target))
+    if speculator.training_data_tokens():  # the hybrid's suffix corpus: one right answer, one that diverges
+        speculator.use_training_data([plain.tokens, plain.tokens[:4] + [7, 8, 9, 10]])
+        assert speculator.corpus_report()["tokens"] > 0
+    speculator = speculator.to(speculator_dtype).eval()  # integer corpus buffers keep their dtype
     chain = generate_speculative(target, speculator, PROMPT, 12, 3)
     assert chain.tokens == plain.tokens
     union = generate_tree(target, speculator, PROMPT, 12, TreeConfig("union", depth=3, budget=5))
