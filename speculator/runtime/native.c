@@ -243,15 +243,62 @@ void lean_rmsnorm(const float *x, const float *weight, float *y, int M, int D, f
     }
 }
 
+/* exp(x) per lane, one instruction sequence for every lane (Cephes' expf: x = n ln2 + r,
+ * |r| <= ln2/2, a degree-7 polynomial for e^r, then 2^n through the exponent bits; within
+ * 2 ulp of expf). Why our own: glibc's expf is scalar, and softmax and SiLU called it ~100k
+ * times per token (a tenth of a decode step). Lanes never interact, so an element's value
+ * does not depend on where it sits in a vector: a tail padded to a full vector gives the same
+ * bits as a full one. Below -87.3 (where expf turns denormal) it is 0, so exp(-inf) = 0. */
+typedef int32_t vi __attribute__((vector_size(VL * 4)));
+static inline vf vselect(vi m, vf a, vf b) { return (vf)(((vi)a & m) | ((vi)b & ~m)); }
+static inline vf vmax(vf a, vf b) { return vselect(a > b, a, b); }
+static inline vf vmin(vf a, vf b) { return vselect(a < b, a, b); }
+static inline vf vexp(vf x) {
+    const vf hi = splat(88.3762626647949f), lo = splat(-87.3365478515625f);
+    vi zero = x < lo; /* lanes of all ones where the result is 0 */
+    x = vmin(vmax(x, lo), hi);
+    vf n = x * 1.44269504088896341f + 12582912.0f; /* round(x / ln2) by the 1.5 * 2^23 shift */
+    n = n - 12582912.0f;
+    vf r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    vf p = splat(1.9875691500e-4f);
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.0f;
+    vf e = p * (vf)((__builtin_convertvector(n, vi) + 127) << 23);
+    return (vf)((vi)e & ~zero);
+}
+
+static inline vf load_part(const float *p, int lanes) {
+    if (lanes == VL) return load_f32(p);
+    vf v = (vf){0};
+    for (int j = 0; j < lanes; j++) v[j] = p[j];
+    return v;
+}
+static inline void store_part(float *p, vf v, int lanes) {
+    if (lanes == VL) { store_f32(p, v); return; }
+    for (int j = 0; j < lanes; j++) p[j] = v[j];
+}
+
 /* out[M, I] = silu(gu[:, :I]) * gu[:, I:] (gate and up projections fused in one GEMM).
- * Scalar expf per element: the same value wherever the element sits (no vector tail). */
-__attribute__((optimize("no-tree-vectorize")))
+ * Vectorised with vexp: an element's value does not depend on where it sits. Split across
+ * threads by rows and by chunks of a row, so a 1-token step's 1536 elements per layer stay
+ * on one thread (a fork costs more) while a verification's rows spread over both. */
 void lean_silu_mul(const float *gu, float *out, int M, int I) {
-#pragma omp parallel for schedule(static) if (M > 8)
-    for (int t = 0; t < M; t++) {
-        const float *g = gu + (int64_t)t * 2 * I, *u = g + I;
-        float *o = out + (int64_t)t * I;
-        for (int i = 0; i < I; i++) o[i] = (g[i] / (1.0f + expf(-g[i]))) * u[i];
+    const int chunk = 512, chunks = (I + chunk - 1) / chunk;
+#pragma omp parallel for schedule(static) if ((int64_t)M * I > 4096)
+    for (int tc = 0; tc < M * chunks; tc++) {
+        int t = tc / chunks, c0 = (tc % chunks) * chunk, c1 = c0 + chunk < I ? c0 + chunk : I;
+        const float *g = gu + (int64_t)t * 2 * I + c0, *u = g + I;
+        float *o = out + (int64_t)t * I + c0;
+        for (int i = 0; i < c1 - c0; i += VL) { /* the tail through the same vector code, padded */
+            int lanes = c1 - c0 - i < VL ? c1 - c0 - i : VL;
+            vf gv = load_part(g + i, lanes), uv = load_part(u + i, lanes);
+            store_part(o + i, gv / (1.0f + vexp(-gv)) * uv, lanes);
+        }
     }
 }
 
@@ -265,14 +312,112 @@ static void rope(float *v, const float *cos_row, const float *sin_row, int hd) {
     }
 }
 
-static float dot(const float *a, const float *b, int n) {
+/* Sum of a vector's lanes by halving (a fixed tree: the same order for every call). */
+static inline float hsum(vf v) {
+    float lanes[VL];
+    memcpy(lanes, &v, sizeof lanes);
+    for (int w = VL / 2; w > 0; w /= 2)
+        for (int j = 0; j < w; j++) lanes[j] += lanes[j + w];
+    return lanes[0];
+}
+
+/* q . k over hd in two parts: the vector part (one fused multiply-add chain over the
+ * vectors, whose lanes are then summed by the halving tree) and the scalar tail (hd mod VL).
+ * always_inline so that hd = 64 is a constant where it is one. */
+static inline __attribute__((always_inline)) vf dot_lanes(const float *a, const float *b, int n) {
     vf acc = (vf){0};
-    int d = 0;
-    for (; d + VL <= n; d += VL) acc = acc + load_f32(a + d) * load_f32(b + d);
+    for (int d = 0; d + VL <= n; d += VL) acc = load_f32(a + d) * load_f32(b + d) + acc;
+    return acc;
+}
+static inline __attribute__((always_inline)) float dot_tail(const float *a, const float *b, int n) {
     float s = 0.f;
-    for (int j = 0; j < VL; j++) s += acc[j];
-    for (; d < n; d++) s += a[d] * b[d];
+    for (int d = n / VL * VL; d < n; d++) s += a[d] * b[d];
     return s;
+}
+
+/* VL keys' lane vectors -> one vector of their VL lane sums, key i in lane i. Each step
+ * halves the vectors: pairs of keys' lanes j and j + w are added, exactly the additions of
+ * hsum at width w, so every key's sum has the bits hsum gives it, whichever lane it lands
+ * in. Shuffle masks: lane p of the low part takes 2p - p mod w, the high part w more. */
+#if VL == 16
+#define HALVING(a)                                                                                          \
+    HALVE(a, 8, ((vi){0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}))                             \
+    HALVE(a, 4, ((vi){0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27}))                           \
+    HALVE(a, 2, ((vi){0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29}))                           \
+    HALVE(a, 1, ((vi){0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30}))
+#else
+#define HALVING(a)                                                                                          \
+    HALVE(a, 4, ((vi){0, 1, 2, 3, 8, 9, 10, 11}))                                                           \
+    HALVE(a, 2, ((vi){0, 1, 4, 5, 8, 9, 12, 13}))                                                           \
+    HALVE(a, 1, ((vi){0, 2, 4, 6, 8, 10, 12, 14}))
+#endif
+#define HALVE(a, w, lo)                                                                                     \
+    for (int i = 0; i < (w); i++) /* w vectors out of 2w */                                                   \
+        a[i] = __builtin_shuffle(a[2 * i], a[2 * i + 1], lo) + __builtin_shuffle(a[2 * i], a[2 * i + 1], lo + (w));
+static inline vf lane_sums(vf a[VL]) {
+    HALVING(a)
+    return a[0];
+}
+
+/* score[0..n) = softmax(score), VL at a time: the n scores are padded to whole vectors
+ * with -inf (space for them is the caller's), whose exp is exactly 0. Each lane sums the
+ * scores at its index mod VL, then the lanes are summed by hsum: the result depends only on
+ * the list of scores, not on where their keys sit in the cache. */
+static void softmax_weights(float *score, int n) {
+    int padded = (n + VL - 1) / VL * VL;
+    for (int s = n; s < padded; s++) score[s] = -INFINITY;
+    vf m = splat(-INFINITY);
+    for (int s = 0; s < padded; s += VL) m = vmax(load_f32(score + s), m);
+    float top = -INFINITY;
+    for (int j = 0; j < VL; j++) top = m[j] > top ? m[j] : top; /* max is exact in any order */
+    vf total = (vf){0};
+    for (int s = 0; s < padded; s += VL) {
+        vf e = vexp(load_f32(score + s) - top);
+        store_f32(score + s, e);
+        total = total + e;
+    }
+    vf inv = splat(1.0f / hsum(total));
+    for (int s = 0; s < padded; s += VL) store_f32(score + s, load_f32(score + s) * inv);
+}
+
+/* One (row, head, new token)'s attention: out[hd] = softmax(q k^T * scale) v over the keys
+ * it sees. Keys are visited in slot order and skipped where masked, so a tree node's list of
+ * keys is the same, in the same order, as the chain through its ancestors: same bits. */
+static inline __attribute__((always_inline)) void attend_one(
+        const float *q, const float *kbase, const float *vbase, const uint8_t *mask, int t, int T, int past,
+        int hd, float scale, float *score, int32_t *slot, float *o) {
+    int n = 0;
+    for (int s = 0; s < past; s++) slot[n++] = s;
+    for (int j = 0; j < T; j++)
+        if (mask ? mask[t * T + j] : j <= t) slot[n++] = past + j;
+    int i = 0;
+    for (; i + VL <= n; i += VL) { /* VL keys at a time: a key's score has the same bits either way */
+        vf lanes[VL], tails;
+        for (int k = 0; k < VL; k++) {
+            const float *key = kbase + (int64_t)slot[i + k] * hd;
+            lanes[k] = dot_lanes(q, key, hd);
+            tails[k] = dot_tail(q, key, hd);
+        }
+        store_f32(score + i, (lane_sums(lanes) + tails) * scale);
+    }
+    for (; i < n; i++) {
+        const float *key = kbase + (int64_t)slot[i] * hd;
+        score[i] = (hsum(dot_lanes(q, key, hd)) + dot_tail(q, key, hd)) * scale;
+    }
+    softmax_weights(score, n);
+    vf acc[hd / VL + 1];
+    for (int d = 0; d * VL < hd; d++) acc[d] = (vf){0};
+    float tail[VL] = {0};
+    for (int i = 0; i < n; i++) {
+        const float *v = vbase + (int64_t)slot[i] * hd;
+        vf p = splat(score[i]);
+        int d = 0;
+        for (; d + VL <= hd; d += VL) acc[d / VL] = p * load_f32(v + d) + acc[d / VL];
+        for (int j = 0; d + j < hd; j++) tail[j] += score[i] * v[d + j];
+    }
+    int d = 0;
+    for (; d + VL <= hd; d += VL) store_f32(o + d, acc[d / VL]);
+    for (int j = 0; d + j < hd; j++) o[d + j] = tail[j];
 }
 
 /* Attention of B rows x T new tokens over a static cache, grouped-query.
@@ -282,17 +427,7 @@ static float dot(const float *a, const float *b, int n) {
  *         len[b] its cached length: new token j is written at slot len[b] + j
  *   mask  NULL (causal among the new tokens) or [T, T] bytes, 1 where token i sees token j
  *   out   [B, T, H * hd]
- * Keys are visited in slot order and skipped where masked, so a tree node's sum runs over
- * the same keys in the same order as the chain through its ancestors. */
-__attribute__((optimize("no-tree-vectorize")))
-static void softmax_weights(float *score, int n) {
-    float m = -INFINITY, total = 0.f;
-    for (int s = 0; s < n; s++) if (score[s] > m) m = score[s];
-    for (int s = 0; s < n; s++) { score[s] = expf(score[s] - m); total += score[s]; }
-    float inv = 1.0f / total;
-    for (int s = 0; s < n; s++) score[s] *= inv;
-}
-
+ * Work is split over (row, head, token); attend_one says why a tree node gets the chain's bits. */
 void lean_attention(float *qkv, const int64_t *pos, const float *cos_t, const float *sin_t,
                     float *kc, float *vc, const int64_t *row, const int64_t *len,
                     const uint8_t *mask, float *out, int B, int T, int H, int KV, int hd, int S,
@@ -320,29 +455,11 @@ void lean_attention(float *qkv, const int64_t *pos, const float *cos_t, const fl
             const float *q = qkv + ((int64_t)b * T + t) * width + h * hd;
             const float *kbase = kc + (row[b] * KV + g) * (int64_t)S * hd;
             const float *vbase = vc + (row[b] * KV + g) * (int64_t)S * hd;
-            int past = (int)len[b], n = 0;
-            float score[past + T];
-            int64_t slot[past + T];
-            for (int s = 0; s < past + T; s++) {
-                int j = s - past;
-                if (j >= 0 && (mask ? !mask[t * T + j] : j > t)) continue;
-                score[n] = dot(q, kbase + (int64_t)s * hd, hd) * scale;
-                slot[n++] = s;
-            }
-            softmax_weights(score, n);
+            int past = (int)len[b];
+            float score[past + T + VL];
+            int32_t slot[past + T];
             float *o = out + ((int64_t)b * T + t) * H * hd + h * hd;
-            vf acc[hd / VL + 1];
-            for (int d = 0; d * VL < hd; d++) acc[d] = (vf){0};
-            float tail[VL] = {0};
-            for (int i = 0; i < n; i++) {
-                const float *v = vbase + slot[i] * hd;
-                vf p = splat(score[i]);
-                int d = 0;
-                for (; d + VL <= hd; d += VL) acc[d / VL] = acc[d / VL] + p * load_f32(v + d);
-                for (int j = 0; d + j < hd; j++) tail[j] += score[i] * v[d + j];
-            }
-            int d = 0;
-            for (; d + VL <= hd; d += VL) store_f32(o + d, acc[d / VL]);
-            for (int j = 0; d + j < hd; j++) o[d + j] = tail[j];
+            if (hd == 64) attend_one(q, kbase, vbase, mask, t, T, past, 64, scale, score, slot, o);
+            else attend_one(q, kbase, vbase, mask, t, T, past, hd, scale, score, slot, o);
         }
 }

@@ -99,8 +99,35 @@ def test_native_ops_equal_their_reference(dtype, isa):
         assert close(fast.linear(x, fast.pack(w), out=y.clone()), ref.linear(x, ref.pack(w), out=y.clone()))
     x, weight = torch.randn(5, 96, generator=g), torch.randn(96, generator=g)
     assert close(fast.rmsnorm(x, weight, 1e-5), ref.rmsnorm(x, weight, 1e-5))
-    gu = torch.randn(5, 2 * 48, generator=g)
+    gu = torch.randn(5, 2 * 1100, generator=g) * 4  # rows split into chunks, a ragged last vector
+    gu[0, :8] = torch.tensor([-120.0, -88.0, -20.0, -1e-30, 0.0, 30.0, 88.0, 120.0])  # exp's edges
     assert close(fast.silu_mul(gu), ref.silu_mul(gu))
+    shifted = torch.cat([gu[:, 3:1100], gu[:, 1100 + 3:]], dim=1)  # every element at another lane
+    assert torch.equal(fast.silu_mul(shifted), fast.silu_mul(gu)[:, 3:])
+
+
+@pytest.mark.skipif(not NATIVE, reason="no C compiler")
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("hd", [64, 40])  # 40: a head not a whole number of vectors
+def test_native_attention_equals_its_reference(isa, hd):
+    """Rows at different cached lengths (0, and past two blocks of keys) under a tree mask."""
+    g = torch.Generator().manual_seed(1)
+    fast, ref = NativeOps(native.load(isa)), TorchOps()
+    B, T, H, KV, S = 2, 5, 6, 2, 64
+    qkv = torch.randn(B * T, (H + 2 * KV) * hd, generator=g)
+    cos, sin = torch.randn(S, hd // 2, generator=g), torch.randn(S, hd // 2, generator=g)
+    lens = torch.tensor([0, 37])
+    positions = lens[:, None] + torch.tensor([0, 1, 1, 2, 3])[None]
+    mask = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 1, 0, 1, 1]],
+                        dtype=torch.uint8)
+    k_cache = torch.randn(B, KV, S, hd, generator=g)
+    v_cache = torch.randn(B, KV, S, hd, generator=g)
+    rows = torch.tensor([1, 0])  # batch row b sits in cache row rows[b]
+    outs = []
+    for ops in (fast, ref):
+        kc, vc = k_cache.clone(), v_cache.clone()
+        outs.append(ops.attention(qkv.clone(), positions, cos, sin, kc, vc, rows, lens, mask, B, T, H, KV, hd))
+    assert close(outs[0], outs[1])
 
 
 def resident_mb() -> float:
@@ -139,25 +166,26 @@ def test_native_decoding_is_batch_invariant(dtype, isa):
     lean = LeanDecoder(model, ops=NativeOps(native.load(isa)))
     if dtype == "fp32":  # (transformers computes bf16 in bf16; the lean runtime in fp32)
         assert close(lean.forward(ids(12, 3)).logits, model(ids(12, 3)).logits)
-    seq = ids(24, 4)
-    alone = lean.new_cache(max_len=32)
-    lean.forward(seq[:, :10], alone)
-    steps = torch.stack([lean.forward(seq[:, i : i + 1], alone).logits[0, 0] for i in range(10, 16)])
-    chain = lean.new_cache(max_len=32)
-    lean.forward(seq[:, :10], chain)
-    verified = lean.forward(seq[:, 10:16], chain).logits[0]
+    P = 30  # a context past the attention kernel's first block of keys (16 with AVX-512, 8 with AVX2)
+    seq = ids(P + 14, 4)
+    alone = lean.new_cache(max_len=64)
+    lean.forward(seq[:, :P], alone)
+    steps = torch.stack([lean.forward(seq[:, i : i + 1], alone).logits[0, 0] for i in range(P, P + 6)])
+    chain = lean.new_cache(max_len=64)
+    lean.forward(seq[:, :P], chain)
+    verified = lean.forward(seq[:, P : P + 6], chain).logits[0]
     assert torch.equal(steps, verified)
-    nodes = torch.cat([seq[:, 10:12], torch.tensor([[7]]), seq[:, 12:13]], dim=1)  # 7: a sibling of seq[11]
+    nodes = torch.cat([seq[:, P : P + 2], torch.tensor([[7]]), seq[:, P + 2 : P + 3]], dim=1)  # 7: a sibling of seq[P+1]
     allowed = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)
-    tree = lean.new_cache(max_len=32)
-    lean.forward(seq[:, :10], tree)
-    logits = lean.forward(nodes, tree, positions=torch.tensor([[10, 11, 11, 12]]), mask=allowed).logits[0]
+    tree = lean.new_cache(max_len=64)
+    lean.forward(seq[:, :P], tree)
+    logits = lean.forward(nodes, tree, positions=torch.tensor([[P, P + 1, P + 1, P + 2]]), mask=allowed).logits[0]
     assert torch.equal(logits[[0, 1, 3]], steps[:3])
-    batch = lean.new_cache(rows=3, max_len=32)
+    batch = lean.new_cache(rows=3, max_len=64)
     for row, seed in enumerate((5, 4, 6)):
-        other = ids(10 + row, seed) if seed != 4 else seq[:, :10]
+        other = ids(P + row, seed) if seed != 4 else seq[:, :P]
         lean.forward(other, batch, rows=[row])
-    mixed = lean.forward(torch.tensor([[1], [seq[0, 10]], [2]]), batch, rows=[0, 1, 2]).logits[:, 0]
+    mixed = lean.forward(torch.tensor([[1], [seq[0, P]], [2]]), batch, rows=[0, 1, 2]).logits[:, 0]
     assert torch.equal(mixed[1], steps[0])
 
 
