@@ -66,6 +66,8 @@ class LeanDecoder:
         self.layers = [self._layer(layer) for layer in body.layers]
         self.norm = body.norm.weight.detach().float().contiguous()
         self.head = self.ops.pack(model.lm_head.weight.detach())
+        # The native backend runs a stretch of layers in one call (no per-kernel Python cost).
+        self._stack = self.ops.stack(self.layers) if hasattr(self.ops, "stack") else None
         self.cos, self.sin = (t.to(self.device) for t in rope_tables(
             body.rotary_emb, self.config.head_dim, self.config.max_positions))
 
@@ -89,6 +91,20 @@ class LeanDecoder:
         ops = self.ops
         hidden = ops.silu_mul(ops.linear(ops.rmsnorm(x, layer.mlp_norm, self.config.rms_eps), layer.gate_up))
         return ops.linear(hidden, layer.down, out=x)
+
+    def _layers(self, x: torch.Tensor, start: int, stop: int, cache: StaticKVCache, attend: tuple) -> torch.Tensor:
+        """x [M, D] through layers start..stop-1 (the residual stream after them)."""
+        c, ops = self.config, self.ops
+        positions, cos, sin, rows, lens, visible, B, T = attend
+        if self._stack is not None:
+            return ops.run_layers(self._stack, x, start, stop, cache.k, cache.v, positions, cos, sin, rows, lens,
+                                  visible, B, T, c.num_heads, c.num_kv_heads, c.head_dim, c.rms_eps)
+        for i in range(start, stop):
+            layer = self.layers[i]
+            attended = ops.attention(self._project(x, layer), positions, cos, sin, cache.k[i], cache.v[i], rows, lens,
+                                     visible, B, T, c.num_heads, c.num_kv_heads, c.head_dim)
+            x = self._mlp(ops.linear(attended, layer.o, out=x), layer)  # x += attention, then x += MLP
+        return x
 
     @property
     def backend(self) -> str:
@@ -128,13 +144,13 @@ class LeanDecoder:
         wanted = set(layer_ids)
         layers = {0: x.view(B, T, -1).clone()} if 0 in wanted else {}
         ops = self.ops
-        for i, layer in enumerate(self.layers):
-            qkv = self._project(x, layer)
-            attended = ops.attention(qkv, positions_d, self.cos, self.sin, cache.k[i], cache.v[i], rows_d, lens_d,
-                                     visible_d, B, T, c.num_heads, c.num_kv_heads, c.head_dim)
-            x = self._mlp(ops.linear(attended, layer.o, out=x), layer)  # x += attention, then x += MLP
-            if i + 1 in wanted and i + 1 < c.num_layers:
-                layers[i + 1] = x.view(B, T, -1).clone()
+        attend = (positions_d, self.cos, self.sin, rows_d, lens_d, visible_d, B, T)
+        start = 0
+        for stop in sorted({i for i in wanted if 0 < i < c.num_layers} | {c.num_layers}):
+            x = self._layers(x, start, stop, cache, attend)
+            if stop < c.num_layers:
+                layers[stop] = x.view(B, T, -1).clone()
+            start = stop
         cache.advance(rows, T)
         hidden = ops.rmsnorm(x, self.norm, c.rms_eps).view(B, T, -1)
         if c.num_layers in wanted:

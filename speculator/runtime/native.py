@@ -42,6 +42,8 @@ SIGNATURES = {
     "lean_silu_mul": (_VOID, _VOID, _INT, _INT),
     "lean_attention": (_VOID, _VOID, _VOID, _VOID, _VOID, _VOID, _VOID, _VOID, _VOID, _VOID,
                        _INT, _INT, _INT, _INT, _INT, _INT, _FLOAT),
+    "lean_layers": (_VOID, _INT, _INT, _INT, _VOID, _INT, _INT, _INT, _INT, _INT, _FLOAT, _VOID, _VOID, _I64,
+                    _VOID, _VOID, _VOID, _VOID, _VOID, _VOID, _INT, _INT, _INT, _INT, _FLOAT, _VOID),
 }
 
 

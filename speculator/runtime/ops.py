@@ -85,6 +85,34 @@ class NativeOps:
         self.lib.lean_silu_mul(_ptr(gate_up), _ptr(out), M, I)
         return out
 
+    def stack(self, layers) -> tuple:
+        """The decoder's layers (model.LeanLayer) for `run_layers`: an array of their pointers,
+        whether the weights are bf16, and the widths (qkv outputs, MLP width). The layers must
+        outlive it (the decoder holds both)."""
+        array = (LayerStack * len(layers))()
+        for slot, layer in zip(array, layers):
+            for name in ("attn_norm", "mlp_norm"):
+                setattr(slot, name, getattr(layer, name).data_ptr())
+            slot.qkv_bias = None if layer.qkv.bias is None else layer.qkv.bias.data_ptr()
+            for name in ("qkv", "o", "gate_up", "down"):
+                setattr(slot, name, getattr(layer, name).data.data_ptr())
+        weights = [w.data.dtype for layer in layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        if len(set(weights)) != 1:
+            raise ValueError(f"a decoder's linear layers must share one dtype, got {sorted(map(str, set(weights)))}")
+        return array, int(weights[0] == torch.bfloat16), layers[0].qkv.out_features, layers[0].down.in_features
+
+    def run_layers(self, stack, x, start, stop, k_cache, v_cache, positions, cos, sin, rows, lens, mask,
+                   B, T, H, KV, hd, eps):
+        """x [B*T, D] through layers start..stop-1 in place, in one native call (native.c
+        lean_layers: the same kernels in the same order as the per-layer calls)."""
+        array, w_bf16, n_qkv, inner = stack
+        M, D = x.shape
+        scratch = torch.empty(M * (D + n_qkv + H * hd + 3 * inner), dtype=torch.float32)
+        self.lib.lean_layers(array, start, stop, w_bf16, _ptr(x), B, T, D, n_qkv, inner, eps, _ptr(k_cache),
+                             _ptr(v_cache), k_cache.stride(0), _ptr(positions), _ptr(cos), _ptr(sin), _ptr(rows),
+                             _ptr(lens), _ptr(mask), H, KV, hd, k_cache.shape[3], hd ** -0.5, _ptr(scratch))
+        return x
+
     def attention(self, qkv, positions, cos, sin, k_cache, v_cache, rows, lens, mask, B, T, H, KV, hd):
         """qkv [B*T, (H + 2KV) hd] (RoPE'd in place), positions [B, T], k/v_cache [R, KV, S, hd]
         (the new keys/values land at slots lens[b]..), rows/lens [B] int64, mask [T, T] uint8
@@ -94,6 +122,12 @@ class NativeOps:
                                 _ptr(rows), _ptr(lens), _ptr(mask), _ptr(out), B, T, H, KV, hd,
                                 k_cache.shape[2], hd ** -0.5)
         return out
+
+
+class LayerStack(ctypes.Structure):
+    """One decoder layer's pointers as native.c's `lean_layer` reads them."""
+
+    _fields_ = [(name, ctypes.c_void_p) for name in ("attn_norm", "qkv_bias", "mlp_norm", "qkv", "o", "gate_up", "down")]
 
 
 class TorchOps:
