@@ -380,44 +380,86 @@ static void softmax_weights(float *score, int n) {
     for (int s = 0; s < padded; s += VL) store_f32(score + s, load_f32(score + s) * inv);
 }
 
-/* One (row, head, new token)'s attention: out[hd] = softmax(q k^T * scale) v over the keys
- * it sees. Keys are visited in slot order and skipped where masked, so a tree node's list of
- * keys is the same, in the same order, as the chain through its ancestors: same bits. */
-static inline __attribute__((always_inline)) void attend_one(
-        const float *q, const float *kbase, const float *vbase, const uint8_t *mask, int t, int T, int past,
-        int hd, float scale, float *score, int32_t *slot, float *o) {
-    int n = 0;
-    for (int s = 0; s < past; s++) slot[n++] = s;
-    for (int j = 0; j < T; j++)
-        if (mask ? mask[t * T + j] : j <= t) slot[n++] = past + j;
-    int i = 0;
-    for (; i + VL <= n; i += VL) { /* VL keys at a time: a key's score has the same bits either way */
-        vf lanes[VL], tails;
-        for (int k = 0; k < VL; k++) {
-            const float *key = kbase + (int64_t)slot[i + k] * hd;
-            lanes[k] = dot_lanes(q, key, hd);
-            tails[k] = dot_tail(q, key, hd);
+/* One score: (q . k) * scale, the vector part's lanes summed by hsum. */
+static inline __attribute__((always_inline)) float score_one(const float *q, const float *key, int hd, float scale) {
+    return (hsum(dot_lanes(q, key, hd)) + dot_tail(q, key, hd)) * scale;
+}
+
+/* acc[hd] += p[k] * v_k for the n values v_k = v + k * hd, k in order (the vector part in
+ * registers across the n values, then the scalar tail). */
+static inline __attribute__((always_inline)) void add_scaled(float *acc, const float *p, const float *v, int n,
+                                                             int hd) {
+    vf a[hd / VL + 1];
+    for (int d = 0; d + VL <= hd; d += VL) a[d / VL] = load_f32(acc + d);
+    for (int k = 0; k < n; k++) {
+        const float *vk = v + (int64_t)k * hd;
+        for (int d = 0; d + VL <= hd; d += VL) a[d / VL] = splat(p[k]) * load_f32(vk + d) + a[d / VL];
+        for (int d = hd / VL * VL; d < hd; d++) acc[d] += p[k] * vk[d];
+    }
+    for (int d = 0; d + VL <= hd; d += VL) store_f32(acc + d, a[d / VL]);
+}
+
+/* The attention of nq queries of one KV group: out_i[hd] = softmax(q_i k^T * scale) v over
+ * the keys query i sees (every cached key, then the new tokens its mask shows, in slot order).
+ * The queries share each block of VL cached keys (and values) while it is in L1, where one
+ * query at a time had streamed them from L2. What a query computes does not depend on the
+ * others: a key's score has the same bits in a block (lane_sums) or alone (hsum), the
+ * softmax runs over the query's own list of scores, and its sum over values is in list order.
+ * So a tree node, whose list of keys is the chain's through its ancestors, gets the chain's
+ * bits, and so does a token verified among drafts and decoded alone. */
+static inline __attribute__((always_inline)) void attend_group(
+        const float *const *q, float *const *out, const int *tok, int nq, const float *kbase, const float *vbase,
+        const uint8_t *mask, int T, int past, int hd, float scale, float *score, int stride, int32_t *fresh,
+        int *n_fresh) {
+    for (int i = 0; i < nq; i++) { /* the new tokens each query sees */
+        n_fresh[i] = 0;
+        for (int j = 0; j < T; j++)
+            if (mask ? mask[tok[i] * T + j] : j <= tok[i]) fresh[i * T + n_fresh[i]++] = past + j;
+    }
+    for (int s0 = 0; s0 < past; s0 += VL) {
+        int nk = past - s0 < VL ? past - s0 : VL;
+        for (int i = 0; i < nq; i++) {
+            float *sc = score + (int64_t)i * stride + s0;
+            if (nk == VL) {
+                vf lanes[VL], tails;
+                for (int k = 0; k < VL; k++) {
+                    const float *key = kbase + (int64_t)(s0 + k) * hd;
+                    lanes[k] = dot_lanes(q[i], key, hd);
+                    tails[k] = dot_tail(q[i], key, hd);
+                }
+                store_f32(sc, (lane_sums(lanes) + tails) * scale);
+            } else {
+                for (int k = 0; k < nk; k++) sc[k] = score_one(q[i], kbase + (int64_t)(s0 + k) * hd, hd, scale);
+            }
         }
-        store_f32(score + i, (lane_sums(lanes) + tails) * scale);
     }
-    for (; i < n; i++) {
-        const float *key = kbase + (int64_t)slot[i] * hd;
-        score[i] = (hsum(dot_lanes(q, key, hd)) + dot_tail(q, key, hd)) * scale;
+    for (int i = 0; i < nq; i++) {
+        float *sc = score + (int64_t)i * stride + past;
+        const int32_t *slots = fresh + i * T;
+        int f = 0;
+        for (; f + VL <= n_fresh[i]; f += VL) { /* a prefill's many new tokens: VL at a time too */
+            vf lanes[VL], tails;
+            for (int k = 0; k < VL; k++) {
+                const float *key = kbase + (int64_t)slots[f + k] * hd;
+                lanes[k] = dot_lanes(q[i], key, hd);
+                tails[k] = dot_tail(q[i], key, hd);
+            }
+            store_f32(sc + f, (lane_sums(lanes) + tails) * scale);
+        }
+        for (; f < n_fresh[i]; f++) sc[f] = score_one(q[i], kbase + (int64_t)slots[f] * hd, hd, scale);
+        softmax_weights(sc - past, past + n_fresh[i]);
+        memset(out[i], 0, hd * sizeof(float));
     }
-    softmax_weights(score, n);
-    vf acc[hd / VL + 1];
-    for (int d = 0; d * VL < hd; d++) acc[d] = (vf){0};
-    float tail[VL] = {0};
-    for (int i = 0; i < n; i++) {
-        const float *v = vbase + (int64_t)slot[i] * hd;
-        vf p = splat(score[i]);
-        int d = 0;
-        for (; d + VL <= hd; d += VL) acc[d / VL] = p * load_f32(v + d) + acc[d / VL];
-        for (int j = 0; d + j < hd; j++) tail[j] += score[i] * v[d + j];
+    for (int s0 = 0; s0 < past; s0 += VL) {
+        int nk = past - s0 < VL ? past - s0 : VL;
+        for (int i = 0; i < nq; i++) {
+            const float *sc = score + (int64_t)i * stride + s0;
+            add_scaled(out[i], sc, vbase + (int64_t)s0 * hd, nk, hd);
+        }
     }
-    int d = 0;
-    for (; d + VL <= hd; d += VL) store_f32(o + d, acc[d / VL]);
-    for (int j = 0; d + j < hd; j++) o[d + j] = tail[j];
+    for (int i = 0; i < nq; i++)
+        for (int f = 0; f < n_fresh[i]; f++)
+            add_scaled(out[i], score + (int64_t)i * stride + past + f, vbase + (int64_t)fresh[i * T + f] * hd, 1, hd);
 }
 
 /* Attention of B rows x T new tokens over a static cache, grouped-query.
@@ -427,7 +469,8 @@ static inline __attribute__((always_inline)) void attend_one(
  *         len[b] its cached length: new token j is written at slot len[b] + j
  *   mask  NULL (causal among the new tokens) or [T, T] bytes, 1 where token i sees token j
  *   out   [B, T, H * hd]
- * Work is split over (row, head, token); attend_one says why a tree node gets the chain's bits. */
+ * Work is split over (row, KV group, chunk of queries); attend_group says why a tree node
+ * gets the chain's bits. */
 void lean_attention(float *qkv, const int64_t *pos, const float *cos_t, const float *sin_t,
                     float *kc, float *vc, const int64_t *row, const int64_t *len,
                     const uint8_t *mask, float *out, int B, int T, int H, int KV, int hd, int S,
@@ -447,21 +490,36 @@ void lean_attention(float *qkv, const int64_t *pos, const float *cos_t, const fl
             memcpy(vc + at, q + (H + KV + g) * hd, hd * sizeof(float));
         }
     }
-    /* 2. softmax(q k^T * scale) v per (row, head, token). */
-#pragma omp parallel for schedule(static) collapse(2)
-    for (int b = 0; b < B; b++)
-        for (int ht = 0; ht < H * T; ht++) {
-            int h = ht / T, t = ht % T, g = h / (H / KV);
-            const float *q = qkv + ((int64_t)b * T + t) * width + h * hd;
-            const float *kbase = kc + (row[b] * KV + g) * (int64_t)S * hd;
-            const float *vbase = vc + (row[b] * KV + g) * (int64_t)S * hd;
-            int past = (int)len[b];
-            float score[past + T + VL];
-            int32_t slot[past + T];
-            float *o = out + ((int64_t)b * T + t) * H * hd + h * hd;
-            if (hd == 64) attend_one(q, kbase, vbase, mask, t, T, past, 64, scale, score, slot, o);
-            else attend_one(q, kbase, vbase, mask, t, T, past, hd, scale, score, slot, o);
+    /* 2. softmax(q k^T * scale) v, per KV group, in chunks of its H / KV * T queries: about a
+     * dozen chunks per pass, so both threads get work (one query per chunk at T = 1). */
+    const int per_group = H / KV * T, total = B * KV * per_group;
+    int chunk = total <= 12 ? 1 : (total + 11) / 12 > 8 ? 8 : (total + 11) / 12;
+    int longest = 0;
+    for (int b = 0; b < B; b++) longest = len[b] > longest ? (int)len[b] : longest;
+    int fits = 8192 / (longest + T + VL); /* a chunk's scores stay within 32 KB of its thread's stack */
+    chunk = chunk < fits ? chunk : fits > 1 ? fits : 1;
+    const int chunks = (per_group + chunk - 1) / chunk;
+#pragma omp parallel for schedule(static)
+    for (int item = 0; item < B * KV * chunks; item++) {
+        int b = item / (KV * chunks), g = item / chunks % KV, c = item % chunks;
+        int first = c * chunk, nq = per_group - first < chunk ? per_group - first : chunk;
+        int past = (int)len[b], stride = past + T + VL;
+        const float *qp[nq];
+        float *op[nq];
+        int tok[nq], n_fresh[nq];
+        for (int i = 0; i < nq; i++) { /* query first + i: head g * H / KV + (first + i) / T, token (first + i) % T */
+            int h = g * (H / KV) + (first + i) / T, t = (first + i) % T;
+            tok[i] = t;
+            qp[i] = qkv + ((int64_t)b * T + t) * width + h * hd;
+            op[i] = out + ((int64_t)b * T + t) * H * hd + h * hd;
         }
+        float score[nq * stride];
+        int32_t fresh[nq * T];
+        const float *kbase = kc + (row[b] * KV + g) * (int64_t)S * hd;
+        const float *vbase = vc + (row[b] * KV + g) * (int64_t)S * hd;
+        if (hd == 64) attend_group(qp, op, tok, nq, kbase, vbase, mask, T, past, 64, scale, score, stride, fresh, n_fresh);
+        else attend_group(qp, op, tok, nq, kbase, vbase, mask, T, past, hd, scale, score, stride, fresh, n_fresh);
+    }
 }
 
 /* Decoder layers l0..l1-1 of one pass, in one call (model.py gives the maths per layer).
