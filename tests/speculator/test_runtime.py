@@ -187,6 +187,9 @@ def test_native_decoding_is_batch_invariant(dtype, isa):
         lean.forward(other, batch, rows=[row])
     mixed = lean.forward(torch.tensor([[1], [seq[0, P]], [2]]), batch, rows=[0, 1, 2]).logits[:, 0]
     assert torch.equal(mixed[1], steps[0])
+    per_call = LeanDecoder(model, ops=NativeOps(native.load(isa)))
+    per_call._stack = None  # each kernel called from Python: the layers' one native call must give its bits
+    assert torch.equal(per_call.forward(seq[:, : P + 6]).logits, lean.forward(seq[:, : P + 6]).logits)
 
 
 @pytest.mark.parametrize("choice", BACKENDS)
