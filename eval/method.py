@@ -19,8 +19,8 @@ little more than one; a CPU pays nearly per token).
 3. A pilot: every candidate (chains at each k of `chain_k`, the sized tree) decodes the
    first `pilot_prompts` prompts for `pilot_tokens` tokens; the fastest by tokens per
    second of decoding (drafting + verification; the prefill, the same for every candidate,
-   is left out) is chosen. Plain decoding is the same for all candidates, so tokens/s
-   ranks speedups.
+   is left out) is chosen, drafting exactly as the score then drafts. Plain decoding is the
+   same for all candidates, so tokens/s ranks speedups.
 
 The chosen method is then scored on every prompt as usual (benchmark.score). The
 speculator's request memory (`Speculator.reset`) is cleared before each pilot and the
@@ -38,6 +38,7 @@ import torch
 
 from speclab.speculator import machine_records
 from speclab.speculator.base import Speculator
+from speclab.speculator.runtime.fast_linear import native_linears
 from speclab.speculator.target import FrozenTarget
 
 from .engine import effective_draft_len, generate_speculative
@@ -159,7 +160,16 @@ def decode(target: FrozenTarget, speculator: Speculator, prompt: torch.Tensor, m
 
 def pilot(target: FrozenTarget, speculator: Speculator, prompts: list[torch.Tensor], methods: list[dict],
           max_new: int) -> list[dict]:
-    """Each method's tokens/s and acceptance length on the prompts (method dicts extended)."""
+    """Each method's tokens/s and acceptance length on the prompts (method dicts extended).
+    The speculator drafts as benchmark.score will drive it (its linear layers on the native
+    GEMM): piloted on torch's slower GEMV, drafting-heavy methods would lose a choice they
+    win in the score."""
+    with native_linears(speculator):
+        return _pilot(target, speculator, prompts, methods, max_new)
+
+
+def _pilot(target: FrozenTarget, speculator: Speculator, prompts: list[torch.Tensor], methods: list[dict],
+           max_new: int) -> list[dict]:
     out = []
     for method in methods:
         speculator.reset()

@@ -104,3 +104,26 @@ def test_pilots_do_not_leak_the_eval_history(target, prompt):
                       [{k: v for k, v in tried.items() if k in ("kind", "k", "shape", "depth", "top_k", "budget")}],
                       PILOT.pilot_tokens)
         assert alone[0]["acceptance_length"] == tried["acceptance_length"], tried
+
+
+def test_the_pilot_drafts_through_the_native_linears_the_score_uses(target, prompt):
+    # Piloted on torch's GEMV, a learned drafter's heads cost several times what they cost
+    # in the score (benchmark.score routes them natively), and drafting-heavy methods lose.
+    from torch import nn
+
+    from speclab.speculator.runtime import native
+
+    if native.load() is None:
+        pytest.skip("no native kernels on this machine: nothing is routed")
+    speculator = build_speculator("mlp", {"n_predict": 2, "inner_dim": 16}, TargetInfo.of(target)).eval()
+    linears = [m for m in speculator.modules() if isinstance(m, nn.Linear)]
+    routed, propose = [], speculator.propose
+
+    def recording(*args, **kwargs):
+        routed.append(all("forward" in vars(m) for m in linears))  # an instance forward: the native route
+        return propose(*args, **kwargs)
+
+    speculator.propose = recording
+    pilot(target, speculator, [prompt], [{"kind": "chain", "k": 2}], 8)
+    assert routed and all(routed)
+    assert not any("forward" in vars(m) for m in linears)  # and back to torch's afterwards
