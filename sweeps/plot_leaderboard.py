@@ -17,7 +17,7 @@ from pathlib import Path
 from xml.sax.saxutils import escape
 
 from .index import load_rows
-from .table import BASELINE_FAMILIES, counts, sort_by_speedup
+from .table import counts, is_baseline, sort_by_speedup
 
 BAR_H, GAP, LABEL_W, PANEL_W, PAD = 18, 6, 260, 300, 20
 LEARNED, BASELINE = "#4c72b0", "#999999"
@@ -27,7 +27,7 @@ def leaderboard(runs_dir: Path) -> list[dict]:
     """Counted runs with an acceptance length, best speedup first: {name, family, baseline,
     speedup, acceptance_length}."""
     rows = sort_by_speedup([r for r in load_rows(runs_dir) if counts(r)])
-    return [{"name": r["run_dir"], "family": r["family"], "baseline": r["family"] in BASELINE_FAMILIES,
+    return [{"name": r["run_dir"], "family": r["family"], "baseline": is_baseline(r),
              "speedup": float(r["speedup"]), "acceptance_length": float(r["acceptance_length"])}
             for r in rows if r["acceptance_length"] is not None]
 

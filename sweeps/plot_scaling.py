@@ -20,7 +20,7 @@ from pathlib import Path
 from xml.sax.saxutils import escape
 
 from .index import load_rows
-from .table import BASELINE_FAMILIES, counts, format_per_position
+from .table import counts, format_per_position, is_baseline
 
 W, H, PAD, LEFT, BOTTOM = 640, 360, 20, 60, 40
 COLOURS = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974"]
@@ -63,7 +63,7 @@ def points_of(rows: list[dict]) -> tuple[list[dict], list[dict]]:
         if not counts(row) or row["acceptance_length"] is None:
             continue
         result = row["result"]
-        if row["family"] in BASELINE_FAMILIES:
+        if is_baseline(row):
             baselines.append({"family": row["family"], "acceptance_length": row["acceptance_length"],
                               "speedup": row["speedup"]})
             continue

@@ -5,7 +5,9 @@ mismatch, speedup measured) come first, by speedup; every other run follows, als
 speedup, so a failed or lossy run never ranks above one that counts however fast it
 looked. The `note` column says why a run does not count (its one-line error), marks the
 training-free baselines, and marks each learned run below the best baseline's speedup:
-a speculator is only worth its training if it beats what costs nothing.
+a speculator is only worth its training if it beats what costs nothing. A baseline is a
+training-free drafter as its paper has it; one that also matches a corpus of the run's
+training data (`suffix_corpus`) pays for that data and is a candidate like the rest.
 """
 
 from __future__ import annotations
@@ -103,9 +105,19 @@ def not_counted_reason(row: dict) -> str | None:
     return "no measured speedup"
 
 
+def is_baseline(row: dict) -> bool:
+    """A training-free drafter that reads no training data (module docstring)."""
+    if row.get("family") not in BASELINE_FAMILIES:
+        return False
+    config = (row.get("result") or {}).get("config")
+    speculator = config.get("speculator") if isinstance(config, dict) else None
+    corpus = speculator.get("corpus_tokens") if isinstance(speculator, dict) else None
+    return not (_is_number(corpus) and corpus > 0)
+
+
 def best_baseline(rows: list[dict]) -> dict | None:
     """The counted training-free baseline with the highest speedup."""
-    baselines = [r for r in rows if r.get("family") in BASELINE_FAMILIES and counts(r)]
+    baselines = [r for r in rows if is_baseline(r) and counts(r)]
     return max(baselines, key=lambda r: r["speedup"]) if baselines else None
 
 
@@ -113,7 +125,7 @@ def note(row: dict, baseline: dict | None) -> str:
     reason = not_counted_reason(row)
     if reason is not None:
         return reason if len(reason) <= NOTE_CHARS else reason[: NOTE_CHARS - 3] + "..."
-    if row.get("family") in BASELINE_FAMILIES:
+    if is_baseline(row):
         return "baseline"
     notes = []
     if baseline is not None and row["speedup"] < baseline["speedup"]:

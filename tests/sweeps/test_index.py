@@ -139,6 +139,24 @@ def test_rows_below_the_best_baseline_are_marked(tmp_path):
     assert list(lines)[:4] == ["eagle", "suffix", "mlp", "ngram"]
 
 
+@pytest.mark.parametrize("corpus", [300_000, 0, "lots", None])
+def test_a_suffix_reading_the_training_data_is_a_candidate_not_the_baseline(tmp_path, corpus):
+    root = tmp_path / "runs"
+    make_run(root, "suffix", speedup=1.40, family="suffix", params=0)
+    with_corpus = make_run(root, "suffix-corpus", speedup=1.80, family="suffix", params=0)
+    result = read_result(with_corpus)
+    result["config"] = {"speculator": {"family": "suffix", "corpus_tokens": corpus}}
+    write_result(with_corpus, result)
+    make_run(root, "mlp", speedup=1.60)
+    lines = {line.split()[0]: line.rstrip() for line in format_table(rebuild(root)).splitlines()[2:5]}
+    if corpus == 300_000:  # the bar stays the paper's drafter; the corpus run is read against it
+        assert not lines["suffix-corpus"].endswith("baseline") and "below" not in lines["mlp"]
+    else:  # no corpus (or none a reader can trust): the paper's drafter, the bar
+        assert lines["suffix-corpus"].endswith("baseline")
+        assert lines["mlp"].endswith("below baseline (suffix 1.80x)")
+    assert lines["suffix"].endswith("baseline")
+
+
 def test_a_hybrid_row_says_whether_it_beats_its_parts(tmp_path):
     root = tmp_path / "runs"
     for name, speedup, parts in (("good", 1.9, (1.1, 1.8)), ("weak", 1.7, (1.1, 1.8)), ("odd", 1.7, ("x", 1.8))):
