@@ -82,22 +82,32 @@ def build_dataset(target: FrozenTarget, cfg: DataConfig, cache_dir: Path | None 
             cached = None  # built before bundles recorded how to extend them: rebuilt whole
         if cached is None:
             shutil.rmtree(final, ignore_errors=True)  # incomplete or damaged: rebuild from scratch
-        work = new_work_dir(root, fingerprint)
-        try:
-            with datasets_progress(progress):
-                train, heldout, meta = _grow(target, cfg, cached, work, progress, exclude)
-                write_bundle(work, fingerprint, train, heldout,
-                             {"config": dataclasses.asdict(cfg), "target": target.name, **meta})
-            (replace_bundle if cached is not None else publish)(work, final)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)  # gone already unless the build failed
-    # Reload from the published bundle so the train set is memory-mapped from the cache.
-    published = read_bundle(final, fingerprint)
-    if published is None:
-        raise RuntimeError(f"data bundle {final} is unreadable right after it was written")
-    bundle = _select(*published, cfg, fingerprint, final)
-    log.info("data %s %s: %s", fingerprint, "extended" if cached is not None else "built", bundle.stats["cache"])
+        extended, appended = cached is not None, None
+        # Published after every round: a build stopped at any point (killed, out of disk, a
+        # failed generation) keeps every finished round, and the next run extends from there.
+        while cached is None or not _covers(cached[2], cfg):
+            work = new_work_dir(root, fingerprint)
+            try:
+                with datasets_progress(progress):
+                    train, heldout, meta = _grow(target, cfg, cached, work, progress, exclude, max_rounds=1)
+                    appended = meta["appended"] = _added(appended, meta["appended"])
+                    write_bundle(work, fingerprint, train, heldout,
+                                 {"config": dataclasses.asdict(cfg), "target": target.name, **meta})
+                (replace_bundle if cached is not None else publish)(work, final)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)  # gone already unless the round failed
+            # Reloaded from the published bundle: the train set is memory-mapped from the cache.
+            cached = read_bundle(final, fingerprint)
+            if cached is None:
+                raise RuntimeError(f"data bundle {final} is unreadable right after it was written")
+    bundle = _select(*cached, cfg, fingerprint, final)
+    log.info("data %s %s: %s", fingerprint, "extended" if extended else "built", bundle.stats["cache"])
     return bundle
+
+
+def _added(before: dict | None, now: dict) -> dict:
+    """What this call has appended so far: the rounds published before plus this one."""
+    return now if before is None else {key: round(before[key] + now[key], 3) for key in now}
 
 
 def _covers(meta: dict, cfg: DataConfig) -> bool:
@@ -110,16 +120,17 @@ def _covers(meta: dict, cfg: DataConfig) -> bool:
 
 
 def _grow(target: FrozenTarget, cfg: DataConfig, start, work: Path, progress: bool,
-          exclude: list[str]) -> tuple[datasets.Dataset, list[dict], dict]:
-    """Rounds from `start` (a cached bundle, or None) until the budget is met. Returns the
-    whole train set, the held-out rows and the meta the next extension continues from."""
+          exclude: list[str], max_rounds: int | None = None) -> tuple[datasets.Dataset, list[dict], dict]:
+    """Rounds from `start` (a cached bundle, or None) until the budget is met, or max_rounds
+    of them. Returns the whole train set, the held-out rows and the meta the next extension
+    continues from."""
     t0 = time.perf_counter()
     old, heldout, meta = start if start is not None else (None, [], {})
     growth = Growth(**meta["growth"]) if start is not None else Growth()
     stats = meta.get("stats", {}).get("build", {})
     lengths, loss_tokens = list(meta.get("lengths", [])), list(meta.get("loss_tokens", []))
     round_ends = list(meta.get("round_ends", []))  # examples in the bundle after each round
-    new, empty_rounds = [], 0
+    new, done = [], 0
     while True:
         rnd = next_round(target, cfg, growth, work, progress, exclude)
         examples = [e.truncated(cfg.max_seq_len) for e in rnd.examples]
@@ -135,12 +146,13 @@ def _grow(target: FrozenTarget, cfg: DataConfig, start, work: Path, progress: bo
         round_ends.append(len(lengths))
         stats = add_stats(stats, {**rnd.stats, "dropped_without_loss": len(examples) - len(kept)})
         growth.rounds, growth.keys, growth.exhausted = growth.rounds + 1, growth.keys + rnd.keys, rnd.exhausted
-        empty_rounds = 0 if kept else empty_rounds + 1
-        if empty_rounds == 3:  # dedup leaves nothing new: the source is spent
+        growth.empty_rounds = 0 if kept else growth.empty_rounds + 1
+        done += 1
+        if growth.empty_rounds == 3:  # dedup leaves nothing new: the source is spent
             log.warning("three rounds in a row gave no new training example; data.max_tokens=%d not reached",
                         cfg.max_tokens)
             growth.exhausted = True
-        if cfg.max_tokens == 0 or sum(loss_tokens) >= cfg.max_tokens or growth.exhausted:
+        if cfg.max_tokens == 0 or sum(loss_tokens) >= cfg.max_tokens or growth.exhausted or done == max_rounds:
             break
     train = datasets.Dataset.from_dict(
         {"input_ids": [e.input_ids for e in new], "loss_mask": [e.loss_mask for e in new]}, features=TRAIN_FEATURES)

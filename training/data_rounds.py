@@ -43,6 +43,7 @@ class Growth:
     rounds: int = 0
     keys: list[str] = field(default_factory=list)  # normalised prompts / document digests taken
     exhausted: bool = False  # the source has nothing more to give
+    empty_rounds: int = 0  # rounds in a row that gave no new example (three: exhausted)
 
 
 @dataclass

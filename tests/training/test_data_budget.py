@@ -17,6 +17,7 @@ from speclab.training import data as data_module
 from speclab.training import features
 from speclab.training.code_source import default_roots, mine_prompts
 from speclab.training.data import DataConfig, build_dataset
+from speclab.training.data_cache import read_bundle
 from speclab.training.data_sources import normalise
 from speclab.training.features import build_feature_store
 
@@ -139,6 +140,32 @@ def test_a_bigger_budget_appends_rounds_equal_to_a_build_in_one_go(target, tmp_p
     assert unbudgeted.from_cache and rows(unbudgeted) == rows(
         build_dataset(target, corpus_config(python_folder), tmp_path / "fresh", progress=False))
     assert len(unbudgeted.train) < len(small.train)
+
+
+def test_a_build_stopped_mid_way_keeps_its_finished_rounds(target, tmp_path, python_folder, monkeypatch):
+    real, built = data_module.next_round, []
+
+    def failing_at_round_2(t, cfg, growth, *args):
+        if growth.rounds == 2:
+            raise KeyboardInterrupt  # killed in the middle of round 2
+        built.append(growth.rounds)
+        return real(t, cfg, growth, *args)
+
+    monkeypatch.setattr(data_module, "next_round", failing_at_round_2)
+    cache, cfg = tmp_path / "cache", corpus_config(python_folder, max_tokens=4000)
+    with pytest.raises(KeyboardInterrupt):
+        build_dataset(target, cfg, cache, progress=False)
+    assert built == [0, 1]
+    (kept,) = [d for d in cache.iterdir() if not d.name.startswith(".")]  # nothing half-written beside it
+    kept_examples = len(read_bundle(kept, kept.name)[0])
+    assert kept_examples > 0
+    monkeypatch.setattr(data_module, "next_round", lambda t, cfg, growth, *a: built.append(growth.rounds) or
+                        real(t, cfg, growth, *a))
+    resumed = build_dataset(target, cfg, cache, progress=False)
+    assert built[2] == 2  # rounds 0 and 1 were kept, not built again
+    at_once = build_dataset(target, cfg, tmp_path / "other", progress=False)
+    assert rows(resumed) == rows(at_once) and resumed.stats["cache"]["rounds"] == at_once.stats["cache"]["rounds"]
+    assert resumed.built_now["examples"] == resumed.stats["cache"]["examples"] - kept_examples > 0
 
 
 def test_self_distilled_rounds_append_like_a_build_in_one_go(target, tmp_path):
