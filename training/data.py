@@ -89,7 +89,7 @@ def build_dataset(target: FrozenTarget, cfg: DataConfig, cache_dir: Path | None 
             work = new_work_dir(root, fingerprint)
             try:
                 with datasets_progress(progress):
-                    train, heldout, meta = _grow(target, cfg, cached, work, progress, exclude, max_rounds=1)
+                    train, heldout, meta = _grow(target, cfg, cached, work, progress, exclude)
                     appended = meta["appended"] = _added(appended, meta["appended"])
                     write_bundle(work, fingerprint, train, heldout,
                                  {"config": dataclasses.asdict(cfg), "target": target.name, **meta})
@@ -120,40 +120,34 @@ def _covers(meta: dict, cfg: DataConfig) -> bool:
 
 
 def _grow(target: FrozenTarget, cfg: DataConfig, start, work: Path, progress: bool,
-          exclude: list[str], max_rounds: int | None = None) -> tuple[datasets.Dataset, list[dict], dict]:
-    """Rounds from `start` (a cached bundle, or None) until the budget is met, or max_rounds
-    of them. Returns the whole train set, the held-out rows and the meta the next extension
-    continues from."""
+          exclude: list[str]) -> tuple[datasets.Dataset, list[dict], dict]:
+    """One more round on `start` (a cached bundle, or None; build_dataset loops until the
+    budget is met). Returns the whole train set, the held-out rows and the meta the next
+    round or extension continues from."""
     t0 = time.perf_counter()
     old, heldout, meta = start if start is not None else (None, [], {})
     growth = Growth(**meta["growth"]) if start is not None else Growth()
     stats = meta.get("stats", {}).get("build", {})
     lengths, loss_tokens = list(meta.get("lengths", [])), list(meta.get("loss_tokens", []))
     round_ends = list(meta.get("round_ends", []))  # examples in the bundle after each round
-    new, done = [], 0
-    while True:
-        rnd = next_round(target, cfg, growth, work, progress, exclude)
-        examples = [e.truncated(cfg.max_seq_len) for e in rnd.examples]
-        kept = [e for e in examples if any(e.loss_mask)]  # a prompt longer than max_seq_len trains nothing
-        if growth.rounds == 0:
-            if not kept:
-                raise ValueError("no training example has an assistant token within data.max_seq_len="
-                                 f"{cfg.max_seq_len}; raise it or check the data")
-            heldout = [{"messages": r.prompt_messages(), "category": "heldout"} for r in rnd.heldout]
-        new += kept
-        lengths += [len(e.input_ids) for e in kept]
-        loss_tokens += [sum(e.loss_mask) for e in kept]
-        round_ends.append(len(lengths))
-        stats = add_stats(stats, {**rnd.stats, "dropped_without_loss": len(examples) - len(kept)})
-        growth.rounds, growth.keys, growth.exhausted = growth.rounds + 1, growth.keys + rnd.keys, rnd.exhausted
-        growth.empty_rounds = 0 if kept else growth.empty_rounds + 1
-        done += 1
-        if growth.empty_rounds == 3:  # dedup leaves nothing new: the source is spent
-            log.warning("three rounds in a row gave no new training example; data.max_tokens=%d not reached",
-                        cfg.max_tokens)
-            growth.exhausted = True
-        if cfg.max_tokens == 0 or sum(loss_tokens) >= cfg.max_tokens or growth.exhausted or done == max_rounds:
-            break
+    rnd = next_round(target, cfg, growth, work, progress, exclude)
+    examples = [e.truncated(cfg.max_seq_len) for e in rnd.examples]
+    new = [e for e in examples if any(e.loss_mask)]  # a prompt longer than max_seq_len trains nothing
+    if growth.rounds == 0:
+        if not new:
+            raise ValueError("no training example has an assistant token within data.max_seq_len="
+                             f"{cfg.max_seq_len}; raise it or check the data")
+        heldout = [{"messages": r.prompt_messages(), "category": "heldout"} for r in rnd.heldout]
+    lengths += [len(e.input_ids) for e in new]
+    loss_tokens += [sum(e.loss_mask) for e in new]
+    round_ends.append(len(lengths))
+    stats = add_stats(stats, {**rnd.stats, "dropped_without_loss": len(examples) - len(new)})
+    growth.rounds, growth.keys, growth.exhausted = growth.rounds + 1, growth.keys + rnd.keys, rnd.exhausted
+    growth.empty_rounds = 0 if new else growth.empty_rounds + 1
+    if growth.empty_rounds == 3:  # dedup leaves nothing new: the source is spent
+        log.warning("three rounds in a row gave no new training example; data.max_tokens=%d not reached",
+                    cfg.max_tokens)
+        growth.exhausted = True
     train = datasets.Dataset.from_dict(
         {"input_ids": [e.input_ids for e in new], "loss_mask": [e.loss_mask for e in new]}, features=TRAIN_FEATURES)
     if old is not None:
