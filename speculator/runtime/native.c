@@ -28,8 +28,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#endif
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
 #define BF16_DOT 1
 #else
 #define BF16_DOT 0
@@ -44,9 +46,9 @@
 #endif
 #define NR (RB * VL)
 #define TB 6 /* rows (tokens) per micro-tile */
+_Static_assert(RB % 2 == 0, "bf16 panels hold vectors in pairs (load2_bf16)");
 
 typedef float vf __attribute__((vector_size(VL * 4)));
-typedef uint16_t vh __attribute__((vector_size(VL * 2)));
 typedef uint32_t vu __attribute__((vector_size(VL * 4)));
 
 int lean_vector_len(void) { return VL; }
@@ -56,12 +58,30 @@ int lean_bf16_dot(void) { return BF16_DOT; }
 
 static inline vf load_f32(const float *p) { vf v; memcpy(&v, p, sizeof v); return v; }
 static inline void store_f32(float *p, vf v) { memcpy(p, &v, sizeof v); }
-static inline vf load_bf16(const uint16_t *p) {
-    vh h; memcpy(&h, p, sizeof h);
-    vu u = __builtin_convertvector(h, vu) << 16; /* exact: bf16 is a truncated fp32 */
-    vf f; memcpy(&f, &u, sizeof f); return f;
+/* Two vectors of weights at p: fp32, or bf16 packed as interleaved halves. A bf16 panel
+ * row holds, for each pair of vectors (r, r + 1), VL 32-bit words whose low half is output
+ * r*VL + j and high half output (r+1)*VL + j (ops.py NativeOps.pack): one load, a shift and
+ * a mask widen both exactly (bf16 is a truncated fp32). Why: widening VL consecutive bf16
+ * values (zero-extend to 32 bits, then shift) compiled on AVX2 to four shuffles per vector,
+ * which outnumbered the multiply-adds they fed. */
+static inline void load2_f32(const float *p, vf *w) { w[0] = load_f32(p); w[1] = load_f32(p + VL); }
+static inline void load2_bf16(const uint16_t *p, vf *w) {
+    vu u; memcpy(&u, p, sizeof u);
+    vu lo = u << 16, hi = u & 0xffff0000u;
+    memcpy(&w[0], &lo, sizeof lo);
+    memcpy(&w[1], &hi, sizeof hi);
 }
-static inline vf splat(float x) { return (vf){0} + x; }
+/* A vector of x in every lane: one broadcast (`(vf){0} + x` compiled to an add and a
+ * broadcast, a lane-by-lane fill to eight inserts). */
+static inline vf splat(float x) {
+#if defined(__AVX512F__)
+    return (vf)_mm512_set1_ps(x);
+#elif defined(__AVX__)
+    return (vf)_mm256_set1_ps(x);
+#else
+    return (vf){0} + x;
+#endif
+}
 
 /* A micro-tile's accumulators acc[tbn][RB] into y (or added to it), clipped at N outputs. */
 static inline void store_tile(const vf *acc, int tbn, float *y, int64_t ldy, int n0, int N, int accumulate) {
@@ -90,7 +110,7 @@ static void NAME(const float *x, int64_t ldx, const WT *w, float *y, int64_t ldy
     for (int k = 0; k < K; k++) {                                                             \
         const WT *wk = w + (int64_t)k * NR;                                                   \
         vf wv[RB];                                                                            \
-        for (int r = 0; r < RB; r++) wv[r] = LOADW(wk + r * VL);                              \
+        for (int r = 0; r < RB; r += 2) LOADW(wk + r * VL, wv + r);                           \
         for (int i = 0; i < TBN; i++) {                                                       \
             vf xb = splat(x[i * ldx + k]);                                                    \
             for (int r = 0; r < RB; r++) acc[i][r] = FMA(xb, wv[r], acc[i][r]);           \
@@ -107,8 +127,8 @@ static void NAME(const float *x, int64_t ldx, const WT *w, float *y, int64_t ldy
 MICRO(micro_##T##_1, WT, LOADW, 1) MICRO(micro_##T##_2, WT, LOADW, 2)                        \
 MICRO(micro_##T##_3, WT, LOADW, 3) MICRO(micro_##T##_4, WT, LOADW, 4)                        \
 MICRO(micro_##T##_5, WT, LOADW, 5) MICRO(micro_##T##_6, WT, LOADW, 6)
-MICROS(f32, float, load_f32)
-MICROS(bf16, uint16_t, load_bf16)
+MICROS(f32, float, load2_f32)
+MICROS(bf16, uint16_t, load2_bf16)
 
 typedef void (*micro_fn)(const float *, int64_t, const void *, float *, int64_t, int, int, int, int);
 static const micro_fn MICRO_F32[TB + 1] = {0, (micro_fn)micro_f32_1, (micro_fn)micro_f32_2,

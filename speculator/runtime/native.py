@@ -97,6 +97,7 @@ def load(march: str = MARCH) -> ctypes.CDLL | None:
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, None
     lib.lean_pack_width.restype = ctypes.c_int
+    lib.lean_vector_len.restype = ctypes.c_int
     lib.lean_bf16_dot.restype = ctypes.c_int
     return lib
 

@@ -26,7 +26,7 @@ from . import native
 class Weight:
     """A linear layer's weight [N, K] in the layout its backend reads."""
 
-    data: torch.Tensor  # native: [ceil(N / NR), K, NR] panels ([.., ceil(K/2), NR, 2] bf16 pairs); torch: [N, K]
+    data: torch.Tensor  # native: [ceil(N / NR), K, NR] panels (bf16: see NativeOps.pack); torch: [N, K]
     out_features: int  # N
     in_features: int  # K
     bias: torch.Tensor | None = None  # [N] fp32
@@ -49,7 +49,9 @@ class NativeOps:
         """[N, K] -> panels [ceil(N / NR), K, NR]: a panel's K x NR block is contiguous, so a
         thread streams it once and every row tile reuses it from cache. bf16 weights on a
         bf16-pair CPU: [ceil(N / NR), ceil(K / 2), NR, 2], the two weights one instruction
-        multiplies side by side (an odd K is padded with a zero column)."""
+        multiplies side by side (an odd K is padded with a zero column). bf16 weights
+        elsewhere: [ceil(N / NR), K, NR / (2 VL), VL, 2], outputs 2p VL + j and (2p + 1) VL + j
+        side by side in one 32-bit word, which one shift and one mask widen (native.c)."""
         N, K = w.shape
         blocks = -(-N // self.width)
         pairs = self.bf16_dot and w.dtype == torch.bfloat16
@@ -58,6 +60,9 @@ class NativeOps:
         padded[:N, :K] = w
         if pairs:
             panels = padded.view(blocks, self.width, width_k // 2, 2).permute(0, 2, 1, 3).contiguous()
+        elif w.dtype == torch.bfloat16:  # widened on load: vectors (2p, 2p + 1) as interleaved halves
+            vl = self.lib.lean_vector_len()
+            panels = padded.view(blocks, -1, 2, vl, K).permute(0, 4, 1, 3, 2).contiguous()
         else:
             panels = padded.view(blocks, self.width, K).transpose(1, 2).contiguous()
         return Weight(panels, N, K, None if bias is None else bias.float().contiguous())
