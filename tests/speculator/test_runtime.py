@@ -108,6 +108,23 @@ def test_native_ops_equal_their_reference(dtype, isa):
 
 @pytest.mark.skipif(not NATIVE, reason="no C compiler")
 @pytest.mark.parametrize("isa", ISAS)
+def test_widened_bf16_weights_give_the_fp32_kernels_bits(isa):
+    """Without bf16 pair products a bf16 weight is widened exactly on load (its panels hold
+    two vectors' outputs as the halves of 32-bit words), so the GEMM must give bit for bit
+    what the fp32 kernel gives for the same weights as fp32: a misplaced half (an output
+    reading its neighbour's weight) or an inexact widening cannot pass. Sizes: every micro-
+    tile height (1..6 rows and a second tile), outputs not a multiple of the panel width."""
+    ops = NativeOps(native.load(isa))
+    if ops.bf16_dot:
+        pytest.skip("this build multiplies bf16 pairs (rounded inputs): its own test above")
+    g = torch.Generator().manual_seed(2)
+    for M in (1, 2, 3, 4, 5, 6, 11):
+        x, w = torch.randn(M, 77, generator=g), torch.randn(2 * ops.width + 5, 77, generator=g).to(torch.bfloat16)
+        assert torch.equal(ops.linear(x, ops.pack(w)), ops.linear(x, ops.pack(w.float()))), M
+
+
+@pytest.mark.skipif(not NATIVE, reason="no C compiler")
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("hd", [64, 40])  # 40: a head not a whole number of vectors
 def test_native_attention_equals_its_reference(isa, hd):
     """Rows at different cached lengths (0, and past two blocks of keys) under a tree mask."""
