@@ -1,0 +1,62 @@
+"""The Lightning adapter against a bf16 target: the logits trained towards are fp32 products
+(what the lean decoder computes), on both the unfused and the fused loss path."""
+
+import pytest
+import torch
+
+from speclab.speculator.base import Features, TargetInfo
+from speclab.speculator.families import build_speculator
+from speclab.speculator.targets import tiny_llama
+from speclab.training.losses import objective
+from speclab.training.module import SpeculatorModule
+
+
+@pytest.fixture(scope="module")
+def bf16_target():
+    # The transformers runtime keeps the weights' dtype as its compute dtype: the target
+    # hands training bf16 hidden states and a bf16 LM head, as in a bf16 demo run.
+    target = tiny_llama(dtype="bf16", runtime="hf")
+    assert target.lm_head_weight.dtype == torch.bfloat16
+    return target
+
+
+def _module(target, spec=None):
+    spec = spec or build_speculator("mlp", dict(n_predict=2, inner_dim=16), TargetInfo.of(target))
+    return SpeculatorModule(spec, target, objective("kl"), optimizer=None, warmup_steps=1, total_steps=1,
+                            online=False)
+
+
+def _hidden(target, seed=0):
+    ids = torch.randint(target.vocab_size, (2, 9), generator=torch.Generator().manual_seed(seed))
+    return ids, target(ids, logits_for="none").hidden  # [2, 9, H] bf16
+
+
+@pytest.mark.parametrize("rows", ["all", "columns"])
+def test_target_logits_are_fp32_products_of_the_bf16_weights(bf16_target, rows):
+    ids, hidden = _hidden(bf16_target)
+    assert hidden.dtype == torch.bfloat16
+    columns = None if rows == "all" else torch.arange(0, bf16_target.vocab_size, 3)
+    head = bf16_target.lm_head_weight if columns is None else bf16_target.lm_head_weight[columns]
+    logits = _module(bf16_target).target_logits(hidden.reshape(-1, hidden.shape[-1]), columns)
+    assert logits.dtype == torch.float32
+    # bf16 x bf16 products are exact in fp32; only the fp32 sums round (~1e-7). A bf16 matmul
+    # rounds every logit to 8 bits of mantissa (relative error up to 4e-3) and fails this.
+    exact = hidden.reshape(-1, hidden.shape[-1]).double() @ head.double().T
+    torch.testing.assert_close(logits.double(), exact, rtol=2e-6, atol=2e-6)
+
+
+def test_fused_and_unfused_losses_agree_against_a_bf16_target(bf16_target):
+    counts = torch.arange(bf16_target.vocab_size, 0, -1).float()
+    torch.manual_seed(0)
+    spec = build_speculator("mlp", dict(n_predict=2, inner_dim=16, draft_vocab_size=37),
+                            TargetInfo.of(bf16_target).with_counts(counts))
+    module = _module(bf16_target, spec)
+    ids, hidden = _hidden(bf16_target, seed=1)
+    feats = Features(input_ids=ids, hidden=hidden, loss_mask=torch.ones_like(ids, dtype=torch.bool))
+    losses = []
+    for fuse in ("always", "never"):
+        loss, metrics = spec.loss(feats, objective("kl", fuse), module.target_logits)
+        losses.append((loss.item(), metrics))
+    (fused, met_f), (unfused, met_u) = losses
+    assert fused == pytest.approx(unfused, rel=1e-5)
+    assert met_f["acc_pos0"] == met_u["acc_pos0"]
