@@ -207,6 +207,31 @@ def test_suffix_drafts_from_a_corpus_of_training_answers_and_keeps_it_across_res
     assert drafts[0].tolist() != [8, 9]
 
 
+def test_corpora_stay_built_side_by_side_shared_by_copies_and_freed_with_their_holders():
+    import copy
+    import gc
+    import weakref
+
+    # A bench of corpus sizes alternates requests across speculators with different corpora:
+    # each keeps its trie (no rebuild inside a timed request), and copies share it.
+    specs = [build_speculator("suffix", {"corpus_tokens": 100}, info()) for _ in range(4)]
+    for i, spec in enumerate(specs):
+        spec.use_training_data([[5 + i, 6, 7, 8], [2, 3, 4 + i]])
+    built = [spec.corpus_trie() for spec in specs]
+    assert len({id(trie) for trie in built}) == 4
+    for _ in range(2):
+        for spec, trie in zip(specs, built):
+            assert started(spec, [1, 2]).corpus is trie
+    twin = copy.deepcopy(specs[0])
+    assert twin.corpus_trie() is built[0]
+    specs[0].use_training_data([[9, 9, 8]])  # a new corpus is a new trie; the twin keeps the old one
+    assert specs[0].corpus_trie() is not built[0] and twin.corpus_trie() is built[0]
+    released = weakref.ref(built[1])
+    del specs[1], built
+    gc.collect()
+    assert released() is None  # no speculator holds it any more: its memory is back
+
+
 def test_suffix_corpus_keeps_whole_answers_in_order_within_its_budget():
     spec = build_speculator("suffix", {"corpus_tokens": 6}, info())
     spec.use_training_data([[1, 2, 3, 4], [5, 6, 7, 8], [9, 10]])
