@@ -17,7 +17,8 @@ little more than one; a CPU pays nearly per token).
    speculator offering several candidate chains (the hybrid) also gets a union tree of that
    budget (at least the longest of `chain_k` + 2), its chains as long as the longest of `chain_k`.
 3. A pilot: every candidate (chains at each k of `chain_k`, the sized tree) decodes the
-   first `pilot_prompts` prompts for `pilot_tokens` tokens; the fastest by tokens per
+   first `pilot_prompts` prompts for `pilot_tokens` tokens, in two rounds (the candidates
+   in order, then in reverse, so drift in the host's speed favours none); the fastest by tokens per
    second of decoding (drafting + verification; the prefill, the same for every candidate,
    is left out) is chosen, drafting exactly as the score then drafts. Plain decoding is the
    same for all candidates, so tokens/s ranks speedups.
@@ -170,23 +171,35 @@ def pilot(target: FrozenTarget, speculator: Speculator, prompts: list[torch.Tens
 
 def _pilot(target: FrozenTarget, speculator: Speculator, prompts: list[torch.Tensor], methods: list[dict],
            max_new: int) -> list[dict]:
-    out = []
-    for method in methods:
+    gens: dict[int, list] = {}  # method index -> its generations, both rounds
+    errors: dict[int, str] = {}
+    for i, method in enumerate(methods):
         speculator.reset()
         try:
             decode(target, speculator, prompts[0], WARMUP_TOKENS, method)
+            gens[i] = []
         except NotImplementedError as exc:  # a family without tree drafting: its chains still compete
-            out.append({**method, "tok_s": None, "error": str(exc)})
+            errors[i] = str(exc)
+    # Two rounds, the candidates in order and then in reverse: a host whose speed drifts
+    # during the pilot (other tenants, clocks) favours no candidate for being tried first,
+    # where one round had picked a tree over a chain on a 2% lead its score then lost.
+    # Greedy decoding is deterministic, so each round decodes the same tokens.
+    for order in (list(gens), list(gens)[::-1]):
+        for i in order:
+            speculator.reset()
+            gens[i] += [decode(target, speculator, p, max_new, methods[i]) for p in prompts]
+    speculator.reset()
+    out = []
+    for i, method in enumerate(methods):
+        if i in errors:
+            out.append({**method, "tok_s": None, "error": errors[i]})
             continue
-        speculator.reset()
-        gens = [decode(target, speculator, p, max_new, method) for p in prompts]
         # Decoding time only (drafting + verification): every candidate pays the same prefill,
         # which on a short pilot would dilute the differences the choice is made on.
-        tokens, seconds = sum(g.new_tokens for g in gens), sum(g.draft_seconds + g.verify_seconds for g in gens)
-        steps = [n for g in gens for n in g.accepted]
+        tokens, seconds = sum(g.new_tokens for g in gens[i]), sum(g.draft_seconds + g.verify_seconds for g in gens[i])
+        steps = [n for g in gens[i] for n in g.accepted]
         out.append({**method, "tok_s": tokens / max(seconds, 1e-9), "new_tokens": tokens, "seconds": seconds,
                     "acceptance_length": 1 + sum(steps) / len(steps) if steps else None})
-    speculator.reset()
     return out
 
 
