@@ -72,10 +72,14 @@ def test_tree_budget_is_the_most_tokens_within_the_slack():
     assert [m.get("shape") for m in candidates(mlp, MethodConfig(), tree)] == [None, None, None, "dynamic"]
     hybrid = build_speculator("hybrid", {"learned": {"family": "mlp", "n_predict": 3, "inner_dim": 8}},
                               TargetInfo(vocab_size=7, hidden_size=4, num_layers=1))
-    union = candidates(hybrid, MethodConfig(chain_k=[1, 6]), tree_for(cost, MethodConfig(), hybrid))[-1]
-    assert union == {"kind": "tree", "shape": "union", "depth": 6, "top_k": 4, "budget": 8}  # its chains offered
+    full, compact = candidates(hybrid, MethodConfig(chain_k=[1, 6]), tree_for(cost, MethodConfig(), hybrid))[-2:]
+    assert full == {"kind": "tree", "shape": "union", "depth": 6, "top_k": 4, "budget": 8}  # its chains offered
+    assert compact == {"kind": "tree", "shape": "union", "depth": 4, "top_k": 4, "budget": 6}  # the sized depth + 2
     tight = candidates(hybrid, MethodConfig(chain_k=[1, 6]), tree_for(cost, MethodConfig(cost_slack=1.25), hybrid))
-    assert tight[-1]["budget"] == 8 and tight[-2]["budget"] == 4  # a union holds more than its first chain
+    assert [m["budget"] for m in tight[-3:]] == [4, 8, 6]  # a union holds more than its first chain
+    assert [m["depth"] for m in tight[-3:]] == [4, 6, 4]
+    same = candidates(hybrid, MethodConfig(chain_k=[1, 4]), tree_for(cost, MethodConfig(cost_slack=1.25), hybrid))
+    assert [m.get("shape") for m in same].count("union") == 1  # no second union where the two coincide
 
 
 @pytest.mark.parametrize("slow, expected", [("tree", "chain"), ("chain", "tree")])
