@@ -152,7 +152,7 @@ def candidates(speculator: Speculator, cfg: MethodConfig, tree: TreeConfig | Non
         # 1.6x one (a CPU without bf16 pair products) the full union lost what it accepted
         # (16 HumanEval prompts, one process: depth 6 of 8 nodes 1.61x, depth 4 of 6 1.73x).
         compact = TreeConfig("union", depth=tree.depth, top_k=tree.top_k, budget=tree.depth + 2)
-        if (compact.depth, compact.budget) != (trees[-1].depth, trees[-1].budget):
+        if compact != trees[-1]:
             trees.append(compact)
     for t in trees:
         methods.append({"kind": "tree", "shape": t.shape, "depth": t.depth, "top_k": t.top_k, "budget": t.budget})

@@ -97,6 +97,18 @@ def test_the_choice_follows_the_measured_speed(target, prompt, slow, expected):
         assert tree_of(block["chosen"]) is None
 
 
+def test_the_pilot_times_every_candidate_in_order_then_in_reverse(target, prompt, monkeypatch):
+    import speclab.eval.method as method
+
+    calls, decode = [], method.decode
+    monkeypatch.setattr(method, "decode", lambda t, s, p, n, m: calls.append((m["k"], n)) or decode(t, s, p, n, m))
+    speculator = build_speculator("suffix", {}, TargetInfo.of(target))
+    tried = pilot(target, speculator, [prompt], [{"kind": "chain", "k": k} for k in (1, 2, 3)], 8)
+    timed = [k for k, n in calls if n == 8]  # the warm-ups decode WARMUP_TOKENS
+    assert timed == [1, 2, 3, 3, 2, 1]
+    assert all(m["new_tokens"] == 2 * 8 for m in tried)  # both rounds counted
+
+
 def test_pilots_do_not_leak_the_eval_history(target, prompt):
     # suffix learns from what it decodes: each candidate, and the final score, start afresh,
     # so a candidate tried after the others accepts exactly what it accepts tried alone
