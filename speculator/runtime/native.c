@@ -100,16 +100,24 @@ static inline void store_tile(const vf *acc, int tbn, float *y, int64_t ldy, int
     }
 }
 
+/* Fetch a panel row of `bytes` towards L2 (locality 2: prefetcht1 on x86), a cache line at a time. */
+static inline void prefetch_row(const char *row, int bytes) {
+    for (int o = 0; o < bytes; o += 64) __builtin_prefetch(row + o, 0, 2);
+}
+
 /* One micro-tile: rows t0..t0+tb of y, outputs nb*NR..+NR. acc[i][r] += x[i,k] * w[k, r]
- * for k = 0..K-1 in order: each output's sum is one fused multiply-add chain over k. */
+ * for k = 0..K-1 in order: each output's sum is one fused multiply-add chain over k.
+ * next: the panel this thread reads after this one (NULL: none), fetched into L2 row by row
+ * as this one is read (prefetch_row); lean_gemm says why. */
 #define MICRO(NAME, WT, LOADW, PF, TBN)                                                            \
 static void NAME(const float *x, int64_t ldx, const WT *w, float *y, int64_t ldy, int K,       \
-                 int n0, int N, int accumulate) {                                             \
+                 int n0, int N, int accumulate, const WT *next) {                             \
     vf acc[TBN][RB];                                                                          \
     for (int i = 0; i < TBN; i++) for (int r = 0; r < RB; r++) acc[i][r] = (vf){0};           \
     for (int k = 0; k < K; k++) {                                                             \
         const WT *wk = w + (int64_t)k * NR;                                                   \
         if (PF) __builtin_prefetch((const char *)wk + PF);                                    \
+        if (next) prefetch_row((const char *)(next + (int64_t)k * NR), NR * (int)sizeof(WT));  \
         vf wv[RB];                                                                            \
         for (int r = 0; r < RB; r += 2) LOADW(wk + r * VL, wv + r);                           \
         for (int i = 0; i < TBN; i++) {                                                       \
@@ -136,7 +144,7 @@ MICRO(micro_##T##_5, WT, LOADW, PF, 5) MICRO(micro_##T##_6, WT, LOADW, PF, 6)
 MICROS(f32, float, load2_f32, 0)
 MICROS(bf16, uint16_t, load2_bf16, 1024)
 
-typedef void (*micro_fn)(const float *, int64_t, const void *, float *, int64_t, int, int, int, int);
+typedef void (*micro_fn)(const float *, int64_t, const void *, float *, int64_t, int, int, int, int, const void *);
 static const micro_fn MICRO_F32[TB + 1] = {0, (micro_fn)micro_f32_1, (micro_fn)micro_f32_2,
     (micro_fn)micro_f32_3, (micro_fn)micro_f32_4, (micro_fn)micro_f32_5, (micro_fn)micro_f32_6};
 static const micro_fn MICRO_BF16[TB + 1] = {0, (micro_fn)micro_bf16_1, (micro_fn)micro_bf16_2,
@@ -144,14 +152,16 @@ static const micro_fn MICRO_BF16[TB + 1] = {0, (micro_fn)micro_bf16_1, (micro_fn
 
 #if BF16_DOT
 /* The bf16-pair micro-tile: x rows already rounded to bf16 (K2 pairs each), w a pair panel
- * [K2, NR, 2]. acc[i][r] lane j += x[i,2k] w[2k,n] + x[i,2k+1] w[2k+1,n], k = 0..K2-1 in order. */
+ * [K2, NR, 2]. acc[i][r] lane j += x[i,2k] w[2k,n] + x[i,2k+1] w[2k+1,n], k = 0..K2-1 in order.
+ * next: as in MICRO. */
 #define MICRO_DOT(NAME, TBN)                                                                   \
 static void NAME(const uint16_t *x, int64_t ldx, const uint16_t *w, float *y, int64_t ldy,     \
-                 int K2, int n0, int N, int accumulate) {                                     \
+                 int K2, int n0, int N, int accumulate, const uint16_t *next) {               \
     vf acc[TBN][RB];                                                                          \
     for (int i = 0; i < TBN; i++) for (int r = 0; r < RB; r++) acc[i][r] = (vf){0};           \
     for (int k = 0; k < K2; k++) {                                                            \
         const uint16_t *wk = w + (int64_t)k * NR * 2;                                         \
+        if (next) prefetch_row((const char *)(next + (int64_t)k * NR * 2), NR * 4);            \
         __m512bh wv[RB];                                                                      \
         for (int r = 0; r < RB; r++) wv[r] = (__m512bh)_mm512_loadu_si512(wk + r * VL * 2);   \
         for (int i = 0; i < TBN; i++) {                                                       \
@@ -165,7 +175,8 @@ static void NAME(const uint16_t *x, int64_t ldx, const uint16_t *w, float *y, in
 }
 MICRO_DOT(micro_dot_1, 1) MICRO_DOT(micro_dot_2, 2) MICRO_DOT(micro_dot_3, 3)
 MICRO_DOT(micro_dot_4, 4) MICRO_DOT(micro_dot_5, 5) MICRO_DOT(micro_dot_6, 6)
-typedef void (*micro_dot_fn)(const uint16_t *, int64_t, const uint16_t *, float *, int64_t, int, int, int, int);
+typedef void (*micro_dot_fn)(const uint16_t *, int64_t, const uint16_t *, float *, int64_t, int, int, int, int,
+                             const uint16_t *);
 static const micro_dot_fn MICRO_DOT_FNS[TB + 1] = {0, micro_dot_1, micro_dot_2, micro_dot_3, micro_dot_4,
                                                    micro_dot_5, micro_dot_6};
 
@@ -219,7 +230,9 @@ static void gemm_bf16_dot(const float *x, int64_t ldx, const uint16_t *w, float 
         const uint16_t *panel = w + (size_t)b * K2 * NR * 2;
         for (int t0 = 0; t0 < M; t0 += TB) {
             int tb = M - t0 < TB ? M - t0 : TB;
-            MICRO_DOT_FNS[tb](xb + (int64_t)t0 * K2 * 2, K2 * 2, panel, y + t0 * ldy, ldy, K2, b * NR, N, accumulate);
+            const uint16_t *next = t0 == 0 && b + 1 < blocks ? panel + (size_t)K2 * NR * 2 : NULL;
+            MICRO_DOT_FNS[tb](xb + (int64_t)t0 * K2 * 2, K2 * 2, panel, y + t0 * ldy, ldy, K2, b * NR, N, accumulate,
+                              next);
         }
     }
 }
@@ -228,7 +241,14 @@ static void gemm_bf16_dot(const float *x, int64_t ldx, const uint16_t *w, float 
 /* y[M, N] (+)= x[M, K] @ W^T, W prepacked as [ceil(N / NR), K, NR] (zero-padded outputs).
  * Threads split the output blocks; each block walks all M rows, so its K x NR weight panel
  * is read from memory once and reused from cache for every row tile. (Widening a bf16 panel
- * to fp32 once per block instead of per tile was measured slower at every M from 5 to 256.) */
+ * to fp32 once per block instead of per tile was measured slower at every M from 5 to 256.)
+ * While a thread reads one panel it fetches its next one into L2, a row for each row read.
+ * Why: with the hardware prefetcher alone, a panel's first rows waited on memory and a
+ * compute-heavy walk (several tokens) issued its loads too slowly to keep memory busy; on an
+ * AVX512-BF16 Xeon, SmolLM2 passes of 1-12 tokens ran 15-24% faster with it, and its AVX2
+ * and plain AVX-512 builds 3-28% faster at 2-8 tokens (at 1 token too, but for the AVX-512
+ * build's fp32 weights: 4% slower there). Two panels ahead, into L1, or the next GEMM's first
+ * panel too were no better (docs/results.md). */
 void lean_gemm(const float *x, int64_t ldx, const void *w, int w_bf16, float *y, int64_t ldy,
                int M, int K, int N, int accumulate) {
 #if BF16_DOT
@@ -242,7 +262,8 @@ void lean_gemm(const float *x, int64_t ldx, const void *w, int w_bf16, float *y,
         const void *panel = (const char *)w + (size_t)b * K * NR * esize;
         for (int t0 = 0; t0 < M; t0 += TB) {
             int tb = M - t0 < TB ? M - t0 : TB;
-            micro[tb](x + t0 * ldx, ldx, panel, y + t0 * ldy, ldy, K, b * NR, N, accumulate);
+            const void *next = t0 == 0 && b + 1 < blocks ? (const char *)panel + (size_t)K * NR * esize : NULL;
+            micro[tb](x + t0 * ldx, ldx, panel, y + t0 * ldy, ldy, K, b * NR, N, accumulate, next);
         }
     }
 }
