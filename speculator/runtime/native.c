@@ -20,7 +20,7 @@
  * with fp32 accumulation, as transformers' bf16 matmuls do. Why: widening each bf16 weight
  * to fp32 costs more instructions than the FMA that uses it, so a k-token verification was
  * ~1.8x a 1-token step; the pair instruction does two products per lane with no widening.
- * Weights are then packed as pairs ([blocks, K/2, NR, 2], see lean_bf16_dot); the path is
+ * Weights are then packed as pairs ([blocks, K/2, NR2, 2], see lean_pair_width); the path is
  * the same for every M, so batch invariance holds unchanged.
  */
 #include <math.h>
@@ -83,13 +83,14 @@ static inline vf splat(float x) {
 #endif
 }
 
-/* A micro-tile's accumulators acc[tbn][RB] into y (or added to it), clipped at N outputs. */
-static inline void store_tile(const vf *acc, int tbn, float *y, int64_t ldy, int n0, int N, int accumulate) {
+/* A micro-tile's accumulators acc[tbn][rb] into y (or added to it), clipped at N outputs. */
+static inline __attribute__((always_inline)) void store_tile(const vf *acc, int tbn, int rb, float *y, int64_t ldy,
+                                                             int n0, int N, int accumulate) {
     for (int i = 0; i < tbn; i++) {
         float *yi = y + i * ldy;
-        for (int r = 0; r < RB; r++) {
+        for (int r = 0; r < rb; r++) {
             int n = n0 + r * VL;
-            vf v = acc[i * RB + r];
+            vf v = acc[i * rb + r];
             if (n + VL <= N) {
                 if (accumulate) v = load_f32(yi + n) + v;
                 store_f32(yi + n, v);
@@ -125,7 +126,7 @@ static void NAME(const float *x, int64_t ldx, const WT *w, float *y, int64_t ldy
             for (int r = 0; r < RB; r++) acc[i][r] = FMA(xb, wv[r], acc[i][r]);           \
         }                                                                                     \
     }                                                                                         \
-    store_tile(acc[0], TBN, y, ldy, n0, N, accumulate);                                       \
+    store_tile(acc[0], TBN, RB, y, ldy, n0, N, accumulate);                                   \
 }
 
 /* Vector FMA: GCC contracts a * b + c on vector types into vfmadd under -ffp-contract=fast,
@@ -151,34 +152,45 @@ static const micro_fn MICRO_BF16[TB + 1] = {0, (micro_fn)micro_bf16_1, (micro_fn
     (micro_fn)micro_bf16_3, (micro_fn)micro_bf16_4, (micro_fn)micro_bf16_5, (micro_fn)micro_bf16_6};
 
 #if BF16_DOT
+/* The pair path's own tile: 2 vectors of outputs (a panel of NR2 = 32) by up to 12 rows (24
+ * accumulators), where the widening paths use 4 by 6. Why: verification passes are 5-9 tokens,
+ * and a 6-row tile walked an 8-token pass's panel twice, the second walk (2 rows) from L2 with
+ * no memory traffic under it. One walk for up to 12 rows made SmolLM2 passes of 4-16 tokens
+ * 1.10-1.19x faster on an AVX512-BF16 Xeon (one token 1.06x); 3 vectors by 8 or 9 rows gained
+ * less at 5-12 tokens, and 2 by 14 no more (docs/results.md). */
+#define RB2 2
+#define TB2 12
+#define NR2 (RB2 * VL)
 /* The bf16-pair micro-tile: x rows already rounded to bf16 (K2 pairs each), w a pair panel
- * [K2, NR, 2]. acc[i][r] lane j += x[i,2k] w[2k,n] + x[i,2k+1] w[2k+1,n], k = 0..K2-1 in order.
+ * [K2, NR2, 2]. acc[i][r] lane j += x[i,2k] w[2k,n] + x[i,2k+1] w[2k+1,n], k = 0..K2-1 in order.
  * next: as in MICRO. */
 #define MICRO_DOT(NAME, TBN)                                                                   \
 static void NAME(const uint16_t *x, int64_t ldx, const uint16_t *w, float *y, int64_t ldy,     \
                  int K2, int n0, int N, int accumulate, const uint16_t *next) {               \
-    vf acc[TBN][RB];                                                                          \
-    for (int i = 0; i < TBN; i++) for (int r = 0; r < RB; r++) acc[i][r] = (vf){0};           \
+    vf acc[TBN][RB2];                                                                         \
+    for (int i = 0; i < TBN; i++) for (int r = 0; r < RB2; r++) acc[i][r] = (vf){0};          \
     for (int k = 0; k < K2; k++) {                                                            \
-        const uint16_t *wk = w + (int64_t)k * NR * 2;                                         \
-        if (next) prefetch_row((const char *)(next + (int64_t)k * NR * 2), NR * 4);            \
-        __m512bh wv[RB];                                                                      \
-        for (int r = 0; r < RB; r++) wv[r] = (__m512bh)_mm512_loadu_si512(wk + r * VL * 2);   \
+        const uint16_t *wk = w + (int64_t)k * NR2 * 2;                                        \
+        if (next) prefetch_row((const char *)(next + (int64_t)k * NR2 * 2), NR2 * 4);          \
+        __m512bh wv[RB2];                                                                     \
+        for (int r = 0; r < RB2; r++) wv[r] = (__m512bh)_mm512_loadu_si512(wk + r * VL * 2);  \
         for (int i = 0; i < TBN; i++) {                                                       \
             uint32_t pair;                                                                    \
             memcpy(&pair, x + i * ldx + 2 * k, sizeof pair);                                  \
             __m512bh xb = (__m512bh)_mm512_set1_epi32((int)pair);                             \
-            for (int r = 0; r < RB; r++) acc[i][r] = _mm512_dpbf16_ps(acc[i][r], xb, wv[r]);  \
+            for (int r = 0; r < RB2; r++) acc[i][r] = _mm512_dpbf16_ps(acc[i][r], xb, wv[r]); \
         }                                                                                     \
     }                                                                                         \
-    store_tile(acc[0], TBN, y, ldy, n0, N, accumulate);                                       \
+    store_tile(acc[0], TBN, RB2, y, ldy, n0, N, accumulate);                                  \
 }
 MICRO_DOT(micro_dot_1, 1) MICRO_DOT(micro_dot_2, 2) MICRO_DOT(micro_dot_3, 3)
 MICRO_DOT(micro_dot_4, 4) MICRO_DOT(micro_dot_5, 5) MICRO_DOT(micro_dot_6, 6)
+MICRO_DOT(micro_dot_7, 7) MICRO_DOT(micro_dot_8, 8) MICRO_DOT(micro_dot_9, 9)
+MICRO_DOT(micro_dot_10, 10) MICRO_DOT(micro_dot_11, 11) MICRO_DOT(micro_dot_12, 12)
 typedef void (*micro_dot_fn)(const uint16_t *, int64_t, const uint16_t *, float *, int64_t, int, int, int, int,
                              const uint16_t *);
-static const micro_dot_fn MICRO_DOT_FNS[TB + 1] = {0, micro_dot_1, micro_dot_2, micro_dot_3, micro_dot_4,
-                                                   micro_dot_5, micro_dot_6};
+static const micro_dot_fn MICRO_DOT_FNS[TB2 + 1] = {0, micro_dot_1, micro_dot_2, micro_dot_3, micro_dot_4,
+    micro_dot_5, micro_dot_6, micro_dot_7, micro_dot_8, micro_dot_9, micro_dot_10, micro_dot_11, micro_dot_12};
 
 /* fp32 -> bf16, round to nearest even (NaN stays NaN), bit for bit torch's .to(bfloat16). */
 static inline uint16_t to_bf16(float f) {
@@ -216,7 +228,7 @@ static uint16_t *bf16_rows_buffer(size_t len) {
 
 static void gemm_bf16_dot(const float *x, int64_t ldx, const uint16_t *w, float *y, int64_t ldy,
                           int M, int K, int N, int accumulate) {
-    const int blocks = (N + NR - 1) / NR, K2 = (K + 1) / 2;
+    const int blocks = (N + NR2 - 1) / NR2, K2 = (K + 1) / 2;
     uint16_t *xb = bf16_rows_buffer((size_t)M * K2 * 2);
 #pragma omp parallel for schedule(static) if ((int64_t)M * K > 65536)
     for (int t = 0; t < M; t++) {
@@ -227,15 +239,19 @@ static void gemm_bf16_dot(const float *x, int64_t ldx, const uint16_t *w, float 
     }
 #pragma omp parallel for schedule(static)
     for (int b = 0; b < blocks; b++) {
-        const uint16_t *panel = w + (size_t)b * K2 * NR * 2;
-        for (int t0 = 0; t0 < M; t0 += TB) {
-            int tb = M - t0 < TB ? M - t0 : TB;
-            const uint16_t *next = t0 == 0 && b + 1 < blocks ? panel + (size_t)K2 * NR * 2 : NULL;
-            MICRO_DOT_FNS[tb](xb + (int64_t)t0 * K2 * 2, K2 * 2, panel, y + t0 * ldy, ldy, K2, b * NR, N, accumulate,
+        const uint16_t *panel = w + (size_t)b * K2 * NR2 * 2;
+        for (int t0 = 0; t0 < M; t0 += TB2) {
+            int tb = M - t0 < TB2 ? M - t0 : TB2;
+            const uint16_t *next = t0 == 0 && b + 1 < blocks ? panel + (size_t)K2 * NR2 * 2 : NULL;
+            MICRO_DOT_FNS[tb](xb + (int64_t)t0 * K2 * 2, K2 * 2, panel, y + t0 * ldy, ldy, K2, b * NR2, N, accumulate,
                               next);
         }
     }
 }
+/* Outputs per panel of bf16 pairs (NativeOps.pack). */
+int lean_pair_width(void) { return NR2; }
+#else
+int lean_pair_width(void) { return NR; }
 #endif
 
 /* y[M, N] (+)= x[M, K] @ W^T, W prepacked as [ceil(N / NR), K, NR] (zero-padded outputs).

@@ -36,7 +36,7 @@ FLAGS = ("-O3", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC")
 MARCH = os.environ.get("SPECLAB_NATIVE_MARCH", "native")
 _VOID, _I64, _INT, _FLOAT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 SIGNATURES = {
-    # name: argument types (all return void but the two queries)
+    # name: argument types (all return void; the int queries are typed in load)
     "lean_gemm": (_VOID, _I64, _VOID, _INT, _VOID, _I64, _INT, _INT, _INT, _INT),
     "lean_rmsnorm": (_VOID, _VOID, _VOID, _INT, _INT, _FLOAT),
     "lean_silu_mul": (_VOID, _VOID, _INT, _INT),
@@ -99,6 +99,7 @@ def load(march: str = MARCH) -> ctypes.CDLL | None:
     lib.lean_pack_width.restype = ctypes.c_int
     lib.lean_vector_len.restype = ctypes.c_int
     lib.lean_bf16_dot.restype = ctypes.c_int
+    lib.lean_pair_width.restype = ctypes.c_int
     return lib
 
 

@@ -44,22 +44,25 @@ class NativeOps:
         self.lib = lib
         self.width = lib.lean_pack_width()
         self.bf16_dot = bool(lib.lean_bf16_dot())
+        self.pair_width = lib.lean_pair_width() if self.bf16_dot else self.width
 
     def pack(self, w: torch.Tensor, bias: torch.Tensor | None = None) -> Weight:
         """[N, K] -> panels [ceil(N / NR), K, NR]: a panel's K x NR block is contiguous, so a
         thread streams it once and every row tile reuses it from cache. bf16 weights on a
-        bf16-pair CPU: [ceil(N / NR), ceil(K / 2), NR, 2], the two weights one instruction
-        multiplies side by side (an odd K is padded with a zero column). bf16 weights
+        bf16-pair CPU: [ceil(N / NR2), ceil(K / 2), NR2, 2], the two weights one instruction
+        multiplies side by side (an odd K is padded with a zero column; NR2 = pair_width, the
+        pair path's narrower panel, native.c). bf16 weights
         elsewhere: [ceil(N / NR), K, NR / (2 VL), VL, 2], outputs 2p VL + j and (2p + 1) VL + j
         side by side in one 32-bit word, which one shift and one mask widen (native.c)."""
         N, K = w.shape
-        blocks = -(-N // self.width)
         pairs = self.bf16_dot and w.dtype == torch.bfloat16
+        width = self.pair_width if pairs else self.width
+        blocks = -(-N // width)
         width_k = K + (K % 2) if pairs else K
-        padded = w.new_zeros(blocks * self.width, width_k)
+        padded = w.new_zeros(blocks * width, width_k)
         padded[:N, :K] = w
         if pairs:
-            panels = padded.view(blocks, self.width, width_k // 2, 2).permute(0, 2, 1, 3).contiguous()
+            panels = padded.view(blocks, width, width_k // 2, 2).permute(0, 2, 1, 3).contiguous()
         elif w.dtype == torch.bfloat16:  # widened on load: vectors (2p, 2p + 1) as interleaved halves
             vl = self.lib.lean_vector_len()
             panels = padded.view(blocks, -1, 2, vl, K).permute(0, 4, 1, 3, 2).contiguous()

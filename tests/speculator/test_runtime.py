@@ -125,6 +125,22 @@ def test_widened_bf16_weights_give_the_fp32_kernels_bits(isa):
 
 @pytest.mark.skipif(not NATIVE, reason="no C compiler")
 @pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_tile_height_gives_a_row_the_bits_it_gets_alone(dtype, isa):
+    """The GEMM's batch invariance at its own level: 1..25 rows span every micro-tile height
+    of every path (6 rows for the widening ones, 12 for bf16 pairs) and a third tile, with
+    outputs not a multiple of either panel width; each row must equal itself computed alone."""
+    ops = NativeOps(native.load(isa))
+    g = torch.Generator().manual_seed(3)
+    w = ops.pack(torch.randn(3 * ops.width + 7, 91, generator=g).to(dtype))
+    x = torch.randn(25, 91, generator=g)
+    alone = torch.cat([ops.linear(x[i : i + 1], w) for i in range(25)])
+    for M in range(1, 26):
+        assert torch.equal(ops.linear(x[:M], w), alone[:M]), M
+
+
+@pytest.mark.skipif(not NATIVE, reason="no C compiler")
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("hd", [64, 40])  # 40: a head not a whole number of vectors
 def test_native_attention_equals_its_reference(isa, hd):
     """Rows at different cached lengths (0, and past two blocks of keys) under a tree mask."""
