@@ -33,7 +33,7 @@ def _hidden(target, seed=0):
 
 @pytest.mark.parametrize("rows", ["all", "columns"])
 def test_target_logits_are_fp32_products_of_the_bf16_weights(bf16_target, rows):
-    ids, hidden = _hidden(bf16_target)
+    _, hidden = _hidden(bf16_target)
     assert hidden.dtype == torch.bfloat16
     columns = None if rows == "all" else torch.arange(0, bf16_target.vocab_size, 3)
     head = bf16_target.lm_head_weight if columns is None else bf16_target.lm_head_weight[columns]
