@@ -113,12 +113,6 @@ def build_id(march: str = MARCH) -> str:
     return _build_key(cc, march)
 
 
-def pack_width() -> int:
-    """Outputs per packed weight panel (64 with AVX-512, 16 with AVX2)."""
-    lib = load()
-    return lib.lean_pack_width() if lib is not None else 0
-
-
 def cpu_info() -> tuple[str, list[str]]:
     """This CPU's model name and feature flags (Linux /proc/cpuinfo; empty elsewhere)."""
     try:

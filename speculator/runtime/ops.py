@@ -44,7 +44,7 @@ class NativeOps:
         self.lib = lib
         self.width = lib.lean_pack_width()
         self.bf16_dot = bool(lib.lean_bf16_dot())
-        self.pair_width = lib.lean_pair_width() if self.bf16_dot else self.width
+        self.pair_width = lib.lean_pair_width()  # the pair path's panel (NR where there is none)
 
     def pack(self, w: torch.Tensor, bias: torch.Tensor | None = None) -> Weight:
         """[N, K] -> panels [ceil(N / NR), K, NR]: a panel's K x NR block is contiguous, so a
