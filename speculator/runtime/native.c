@@ -15,13 +15,14 @@
  * reference of each kernel is in ops.py (TorchOps). Compute is fp32; weights are fp32 or
  * bf16 (a bf16 weight is the upper half of an fp32 word, widened exactly on load).
  *
- * On CPUs with AVX512-BF16 (vdpbf16ps), a GEMM over bf16 weights instead rounds its input
- * rows to bf16 (round-to-nearest-even, as torch's .to(bfloat16)) and multiplies bf16 pairs
- * with fp32 accumulation, as transformers' bf16 matmuls do. Why: widening each bf16 weight
- * to fp32 costs more instructions than the FMA that uses it, so a k-token verification was
- * ~1.8x a 1-token step; the pair instruction does two products per lane with no widening.
- * Weights are then packed as pairs ([blocks, K/2, NR2, 2], see lean_pair_width); the path is
- * the same for every M, so batch invariance holds unchanged.
+ * On CPUs with AVX512-BF16 (vdpbf16ps) a second path exists for bf16 weights: round the
+ * input rows to bf16 (round-to-nearest-even, as torch's .to(bfloat16)) and multiply bf16
+ * pairs with fp32 accumulation, as transformers' bf16 matmuls do, with weights packed as
+ * pairs ([blocks, K/2, NR, 2]). Which of the two is faster depends on the CPU: where
+ * vdpbf16ps issues at a quarter of the fp32 FMA rate (an AVX512-BF16 Xeon measured 0.5 per
+ * cycle against 2), widening wins; where the two rates are closer, the pairs would.
+ * pair_choice.py times both once per machine and the caller passes the format it packed
+ * (enum lean_weights). Either path is the same for every M: batch invariance holds.
  */
 #include <math.h>
 #include <pthread.h>
@@ -38,14 +39,22 @@
 #endif
 
 #if defined(__AVX512F__)
+/* Micro-tile: RB vectors of outputs (NR = RB * VL) by TB rows (tokens), RB * TB accumulators
+ * in registers. AVX-512 (32 registers): 2 x 12. Why: verification passes are 5-9 tokens, and
+ * a 6-row tile walked an 8-token pass's panels twice, the second walk (2 rows) with no memory
+ * traffic under it. On an AVX512-BF16 Xeon the 2 x 12 tile made SmolLM2 passes of 8-12 tokens
+ * 1.19-1.20x faster than 4 x 6 with bf16 weights widened (2-5 tokens 1.08-1.09x; fp32
+ * weights 1.09-1.22x at 1-12 tokens); 2 x 8, 2 x 10 and 2 x 14 were slower (docs/results.md).
+ * AVX2 (16 registers): 2 x 6. */
 #define VL 16 /* floats per vector register */
-#define RB 4  /* vectors of outputs per micro-tile: NR = RB * VL outputs */
+#define RB 2
+#define TB 12
 #else
 #define VL 8
 #define RB 2
+#define TB 6
 #endif
 #define NR (RB * VL)
-#define TB 6 /* rows (tokens) per micro-tile */
 _Static_assert(RB % 2 == 0, "bf16 panels hold vectors in pairs (load2_bf16)");
 
 typedef float vf __attribute__((vector_size(VL * 4)));
@@ -53,8 +62,10 @@ typedef uint32_t vu __attribute__((vector_size(VL * 4)));
 
 int lean_vector_len(void) { return VL; }
 int lean_pack_width(void) { return NR; }
-/* 1 where bf16 weights are multiplied as bf16 pairs (packed [blocks, ceil(K/2), NR, 2]). */
+/* 1 where bf16 weights may be multiplied as bf16 pairs (packed [blocks, ceil(K/2), NR, 2]). */
 int lean_bf16_dot(void) { return BF16_DOT; }
+/* A GEMM's weight format, as the caller packed it (ops.py NativeOps.pack). */
+enum lean_weights { LEAN_FP32 = 0, LEAN_BF16_WIDENED = 1, LEAN_BF16_PAIRS = 2 };
 
 static inline vf load_f32(const float *p) { vf v; memcpy(&v, p, sizeof v); return v; }
 static inline void store_f32(float *p, vf v) { memcpy(p, &v, sizeof v); }
@@ -136,7 +147,20 @@ static void NAME(const float *x, int64_t ldx, const WT *w, float *y, int64_t ldy
 #define MICROS(T, WT, LOADW, PF)                                                              \
 MICRO(micro_##T##_1, WT, LOADW, PF, 1) MICRO(micro_##T##_2, WT, LOADW, PF, 2)                \
 MICRO(micro_##T##_3, WT, LOADW, PF, 3) MICRO(micro_##T##_4, WT, LOADW, PF, 4)                \
-MICRO(micro_##T##_5, WT, LOADW, PF, 5) MICRO(micro_##T##_6, WT, LOADW, PF, 6)
+MICRO(micro_##T##_5, WT, LOADW, PF, 5) MICRO(micro_##T##_6, WT, LOADW, PF, 6)               \
+MICROS_WIDE(T, WT, LOADW, PF)
+#if TB > 6
+#define MICROS_WIDE(T, WT, LOADW, PF)                                                         \
+MICRO(micro_##T##_7, WT, LOADW, PF, 7) MICRO(micro_##T##_8, WT, LOADW, PF, 8)                \
+MICRO(micro_##T##_9, WT, LOADW, PF, 9) MICRO(micro_##T##_10, WT, LOADW, PF, 10)              \
+MICRO(micro_##T##_11, WT, LOADW, PF, 11) MICRO(micro_##T##_12, WT, LOADW, PF, 12)
+#define WIDE_TILES(T) , (micro_fn)micro_##T##_7, (micro_fn)micro_##T##_8, (micro_fn)micro_##T##_9, \
+    (micro_fn)micro_##T##_10, (micro_fn)micro_##T##_11, (micro_fn)micro_##T##_12
+#else
+#define MICROS_WIDE(T, WT, LOADW, PF)
+#define WIDE_TILES(T)
+#endif
+_Static_assert(TB == 6 || TB == 12, "micro-tiles exist for 1..6 and 7..12 rows");
 /* PF: bytes of the panel prefetched ahead of the row being read (0: none). Widened bf16
  * panels read half the bytes per multiply-add of fp32 ones, and the hardware prefetcher
  * alone left a 1-token pass at ~1.5x its bandwidth bound on an AVX2 Zen 2; 1 KB ahead (32
@@ -147,41 +171,35 @@ MICROS(bf16, uint16_t, load2_bf16, 1024)
 
 typedef void (*micro_fn)(const float *, int64_t, const void *, float *, int64_t, int, int, int, int, const void *);
 static const micro_fn MICRO_F32[TB + 1] = {0, (micro_fn)micro_f32_1, (micro_fn)micro_f32_2,
-    (micro_fn)micro_f32_3, (micro_fn)micro_f32_4, (micro_fn)micro_f32_5, (micro_fn)micro_f32_6};
+    (micro_fn)micro_f32_3, (micro_fn)micro_f32_4, (micro_fn)micro_f32_5, (micro_fn)micro_f32_6 WIDE_TILES(f32)};
 static const micro_fn MICRO_BF16[TB + 1] = {0, (micro_fn)micro_bf16_1, (micro_fn)micro_bf16_2,
-    (micro_fn)micro_bf16_3, (micro_fn)micro_bf16_4, (micro_fn)micro_bf16_5, (micro_fn)micro_bf16_6};
+    (micro_fn)micro_bf16_3, (micro_fn)micro_bf16_4, (micro_fn)micro_bf16_5, (micro_fn)micro_bf16_6 WIDE_TILES(bf16)};
 
 #if BF16_DOT
-/* The pair path's own tile: 2 vectors of outputs (a panel of NR2 = 32) by up to 12 rows (24
- * accumulators), where the widening paths use 4 by 6. Why: verification passes are 5-9 tokens,
- * and a 6-row tile walked an 8-token pass's panel twice, the second walk (2 rows) from L2 with
- * no memory traffic under it. One walk for up to 12 rows made SmolLM2 passes of 4-16 tokens
- * 1.10-1.19x faster on an AVX512-BF16 Xeon (one token 1.06x); 3 vectors by 8 or 9 rows gained
- * less at 5-12 tokens, and 2 by 14 no more (docs/results.md). */
-#define RB2 2
-#define TB2 12
-#define NR2 (RB2 * VL)
+/* The pair path's tile is the widening one's (RB x TB = 2 x 12): on an AVX512-BF16 Xeon it made
+ * pair passes of 4-16 tokens 1.10-1.19x faster than 4 x 6; 3 x 8 or 3 x 9 gained less. */
+_Static_assert(TB == 12, "the pair micro-tiles below exist for 1..12 rows");
 /* The bf16-pair micro-tile: x rows already rounded to bf16 (K2 pairs each), w a pair panel
- * [K2, NR2, 2]. acc[i][r] lane j += x[i,2k] w[2k,n] + x[i,2k+1] w[2k+1,n], k = 0..K2-1 in order.
+ * [K2, NR, 2]. acc[i][r] lane j += x[i,2k] w[2k,n] + x[i,2k+1] w[2k+1,n], k = 0..K2-1 in order.
  * next: as in MICRO. */
 #define MICRO_DOT(NAME, TBN)                                                                   \
 static void NAME(const uint16_t *x, int64_t ldx, const uint16_t *w, float *y, int64_t ldy,     \
                  int K2, int n0, int N, int accumulate, const uint16_t *next) {               \
-    vf acc[TBN][RB2];                                                                         \
-    for (int i = 0; i < TBN; i++) for (int r = 0; r < RB2; r++) acc[i][r] = (vf){0};          \
+    vf acc[TBN][RB];                                                                         \
+    for (int i = 0; i < TBN; i++) for (int r = 0; r < RB; r++) acc[i][r] = (vf){0};          \
     for (int k = 0; k < K2; k++) {                                                            \
-        const uint16_t *wk = w + (int64_t)k * NR2 * 2;                                        \
-        if (next) prefetch_row((const char *)(next + (int64_t)k * NR2 * 2), NR2 * 4);          \
-        __m512bh wv[RB2];                                                                     \
-        for (int r = 0; r < RB2; r++) wv[r] = (__m512bh)_mm512_loadu_si512(wk + r * VL * 2);  \
+        const uint16_t *wk = w + (int64_t)k * NR * 2;                                        \
+        if (next) prefetch_row((const char *)(next + (int64_t)k * NR * 2), NR * 4);          \
+        __m512bh wv[RB];                                                                     \
+        for (int r = 0; r < RB; r++) wv[r] = (__m512bh)_mm512_loadu_si512(wk + r * VL * 2);  \
         for (int i = 0; i < TBN; i++) {                                                       \
             uint32_t pair;                                                                    \
             memcpy(&pair, x + i * ldx + 2 * k, sizeof pair);                                  \
             __m512bh xb = (__m512bh)_mm512_set1_epi32((int)pair);                             \
-            for (int r = 0; r < RB2; r++) acc[i][r] = _mm512_dpbf16_ps(acc[i][r], xb, wv[r]); \
+            for (int r = 0; r < RB; r++) acc[i][r] = _mm512_dpbf16_ps(acc[i][r], xb, wv[r]); \
         }                                                                                     \
     }                                                                                         \
-    store_tile(acc[0], TBN, RB2, y, ldy, n0, N, accumulate);                                  \
+    store_tile(acc[0], TBN, RB, y, ldy, n0, N, accumulate);                                  \
 }
 MICRO_DOT(micro_dot_1, 1) MICRO_DOT(micro_dot_2, 2) MICRO_DOT(micro_dot_3, 3)
 MICRO_DOT(micro_dot_4, 4) MICRO_DOT(micro_dot_5, 5) MICRO_DOT(micro_dot_6, 6)
@@ -189,7 +207,7 @@ MICRO_DOT(micro_dot_7, 7) MICRO_DOT(micro_dot_8, 8) MICRO_DOT(micro_dot_9, 9)
 MICRO_DOT(micro_dot_10, 10) MICRO_DOT(micro_dot_11, 11) MICRO_DOT(micro_dot_12, 12)
 typedef void (*micro_dot_fn)(const uint16_t *, int64_t, const uint16_t *, float *, int64_t, int, int, int, int,
                              const uint16_t *);
-static const micro_dot_fn MICRO_DOT_FNS[TB2 + 1] = {0, micro_dot_1, micro_dot_2, micro_dot_3, micro_dot_4,
+static const micro_dot_fn MICRO_DOT_FNS[TB + 1] = {0, micro_dot_1, micro_dot_2, micro_dot_3, micro_dot_4,
     micro_dot_5, micro_dot_6, micro_dot_7, micro_dot_8, micro_dot_9, micro_dot_10, micro_dot_11, micro_dot_12};
 
 /* fp32 -> bf16, round to nearest even (NaN stays NaN), bit for bit torch's .to(bfloat16). */
@@ -228,7 +246,7 @@ static uint16_t *bf16_rows_buffer(size_t len) {
 
 static void gemm_bf16_dot(const float *x, int64_t ldx, const uint16_t *w, float *y, int64_t ldy,
                           int M, int K, int N, int accumulate) {
-    const int blocks = (N + NR2 - 1) / NR2, K2 = (K + 1) / 2;
+    const int blocks = (N + NR - 1) / NR, K2 = (K + 1) / 2;
     uint16_t *xb = bf16_rows_buffer((size_t)M * K2 * 2);
 #pragma omp parallel for schedule(static) if ((int64_t)M * K > 65536)
     for (int t = 0; t < M; t++) {
@@ -239,19 +257,15 @@ static void gemm_bf16_dot(const float *x, int64_t ldx, const uint16_t *w, float 
     }
 #pragma omp parallel for schedule(static)
     for (int b = 0; b < blocks; b++) {
-        const uint16_t *panel = w + (size_t)b * K2 * NR2 * 2;
-        for (int t0 = 0; t0 < M; t0 += TB2) {
-            int tb = M - t0 < TB2 ? M - t0 : TB2;
-            const uint16_t *next = t0 == 0 && b + 1 < blocks ? panel + (size_t)K2 * NR2 * 2 : NULL;
-            MICRO_DOT_FNS[tb](xb + (int64_t)t0 * K2 * 2, K2 * 2, panel, y + t0 * ldy, ldy, K2, b * NR2, N, accumulate,
+        const uint16_t *panel = w + (size_t)b * K2 * NR * 2;
+        for (int t0 = 0; t0 < M; t0 += TB) {
+            int tb = M - t0 < TB ? M - t0 : TB;
+            const uint16_t *next = t0 == 0 && b + 1 < blocks ? panel + (size_t)K2 * NR * 2 : NULL;
+            MICRO_DOT_FNS[tb](xb + (int64_t)t0 * K2 * 2, K2 * 2, panel, y + t0 * ldy, ldy, K2, b * NR, N, accumulate,
                               next);
         }
     }
 }
-/* Outputs per panel of bf16 pairs (NativeOps.pack). */
-int lean_pair_width(void) { return NR2; }
-#else
-int lean_pair_width(void) { return NR; }
 #endif
 
 /* y[M, N] (+)= x[M, K] @ W^T, W prepacked as [ceil(N / NR), K, NR] (zero-padded outputs).
@@ -265,11 +279,14 @@ int lean_pair_width(void) { return NR; }
  * and plain AVX-512 builds 3-28% faster at 2-8 tokens (at 1 token too, but for the AVX-512
  * build's fp32 weights: 4% slower there). Two panels ahead, into L1, or the next GEMM's first
  * panel too were no better (docs/results.md). */
-void lean_gemm(const float *x, int64_t ldx, const void *w, int w_bf16, float *y, int64_t ldy,
+void lean_gemm(const float *x, int64_t ldx, const void *w, int weights, float *y, int64_t ldy,
                int M, int K, int N, int accumulate) {
 #if BF16_DOT
-    if (w_bf16) { gemm_bf16_dot(x, ldx, w, y, ldy, M, K, N, accumulate); return; }
+    if (weights == LEAN_BF16_PAIRS) { gemm_bf16_dot(x, ldx, w, y, ldy, M, K, N, accumulate); return; }
+#else
+    if (weights == LEAN_BF16_PAIRS) abort(); /* packed for a path this build lacks (lean_bf16_dot says 0) */
 #endif
+    const int w_bf16 = weights == LEAN_BF16_WIDENED;
     const int blocks = (N + NR - 1) / NR;
     const size_t esize = w_bf16 ? 2 : 4;
     const micro_fn *micro = w_bf16 ? MICRO_BF16 : MICRO_F32;
@@ -594,7 +611,7 @@ typedef struct {
     const void *qkv, *o, *gate_up, *down;
 } lean_layer;
 
-void lean_layers(const lean_layer *layers, int l0, int l1, int w_bf16, float *x, int B, int T, int D, int Nqkv,
+void lean_layers(const lean_layer *layers, int l0, int l1, int weights, float *x, int B, int T, int D, int Nqkv,
                  int I, float eps, float *kc, float *vc, int64_t layer_stride, const int64_t *pos,
                  const float *cos_t, const float *sin_t, const int64_t *row, const int64_t *len,
                  const uint8_t *mask, int H, int KV, int hd, int S, float scale, float *scratch) {
@@ -604,16 +621,16 @@ void lean_layers(const lean_layer *layers, int l0, int l1, int w_bf16, float *x,
     for (int l = l0; l < l1; l++) {
         const lean_layer *L = layers + l;
         lean_rmsnorm(x, L->attn_norm, h, M, D, eps);
-        lean_gemm(h, D, L->qkv, w_bf16, qkv, Nqkv, M, D, Nqkv, 0);
+        lean_gemm(h, D, L->qkv, weights, qkv, Nqkv, M, D, Nqkv, 0);
         if (L->qkv_bias)
             for (int t = 0; t < M; t++)
                 for (int n = 0; n < Nqkv; n++) qkv[(int64_t)t * Nqkv + n] += L->qkv_bias[n];
         lean_attention(qkv, pos, cos_t, sin_t, kc + l * layer_stride, vc + l * layer_stride, row, len, mask, att,
                        B, T, H, KV, hd, S, scale);
-        lean_gemm(att, A, L->o, w_bf16, x, D, M, A, D, 1);
+        lean_gemm(att, A, L->o, weights, x, D, M, A, D, 1);
         lean_rmsnorm(x, L->mlp_norm, h, M, D, eps);
-        lean_gemm(h, D, L->gate_up, w_bf16, gu, 2 * I, M, D, 2 * I, 0);
+        lean_gemm(h, D, L->gate_up, weights, gu, 2 * I, M, D, 2 * I, 0);
         lean_silu_mul(gu, act, M, I);
-        lean_gemm(act, I, L->down, w_bf16, x, D, M, I, D, 1);
+        lean_gemm(act, I, L->down, weights, x, D, M, I, D, 1);
     }
 }

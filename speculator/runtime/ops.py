@@ -5,10 +5,10 @@
   against, and the path on GPUs or machines without a C compiler.
 
 Activations are fp32 [M, width] row-major (M = batch rows x new tokens); weights are fp32
-or bf16, read as fp32 (a bf16 weight widens exactly). Where the CPU multiplies bf16 pairs
-(AVX512-BF16, `NativeOps.bf16_dot`), a GEMM over bf16 weights first rounds its input rows
-to bf16; `TorchOps(round_bf16_inputs=True)` is that path's reference. Shapes are in the
-comments.
+or bf16, read as fp32 (a bf16 weight widens exactly). Where the CPU may multiply bf16 pairs
+(AVX512-BF16) and that is the faster path on it (`NativeOps.bf16_dot`, pair_choice.py), a
+GEMM over bf16 weights first rounds its input rows to bf16; `TorchOps(round_bf16_inputs=True)`
+is that path's reference. Shapes are in the comments.
 """
 
 from __future__ import annotations
@@ -40,29 +40,40 @@ def _ptr(t: torch.Tensor | None):
 class NativeOps:
     name = "native"
 
-    def __init__(self, lib):
+    def __init__(self, lib, bf16_pairs: bool | None = None):
+        """bf16_pairs: multiply bf16 weights as bf16 pairs (True), widen them to fp32 (False),
+        or None: this machine's faster path (pair_choice.py; False where the CPU has none)."""
         self.lib = lib
         self.width = lib.lean_pack_width()
-        self.bf16_dot = bool(lib.lean_bf16_dot())
-        self.pair_width = lib.lean_pair_width()  # the pair path's panel (NR where there is none)
+        if bf16_pairs and not lib.lean_bf16_dot():
+            raise ValueError("this build of the lean kernels has no bf16-pair products (needs AVX512-BF16)")
+        if bf16_pairs is None:
+            from .pair_choice import pairs_pay
+
+            bf16_pairs = pairs_pay(lib)
+        self.bf16_dot = bool(bf16_pairs)
+
+    def weight_format(self, dtype: torch.dtype) -> int:
+        """native.c's enum lean_weights for weights of this dtype as pack lays them out."""
+        if dtype != torch.bfloat16:
+            return 0  # LEAN_FP32
+        return 2 if self.bf16_dot else 1  # LEAN_BF16_PAIRS, LEAN_BF16_WIDENED
 
     def pack(self, w: torch.Tensor, bias: torch.Tensor | None = None) -> Weight:
         """[N, K] -> panels [ceil(N / NR), K, NR]: a panel's K x NR block is contiguous, so a
-        thread streams it once and every row tile reuses it from cache. bf16 weights on a
-        bf16-pair CPU: [ceil(N / NR2), ceil(K / 2), NR2, 2], the two weights one instruction
-        multiplies side by side (an odd K is padded with a zero column; NR2 = pair_width, the
-        pair path's narrower panel, native.c). bf16 weights
-        elsewhere: [ceil(N / NR), K, NR / (2 VL), VL, 2], outputs 2p VL + j and (2p + 1) VL + j
+        thread streams it once and every row tile reuses it from cache. bf16 weights on the
+        bf16-pair path: [ceil(N / NR), ceil(K / 2), NR, 2], the two weights one instruction
+        multiplies side by side (an odd K is padded with a zero column). bf16 weights
+        widened: [ceil(N / NR), K, NR / (2 VL), VL, 2], outputs 2p VL + j and (2p + 1) VL + j
         side by side in one 32-bit word, which one shift and one mask widen (native.c)."""
         N, K = w.shape
         pairs = self.bf16_dot and w.dtype == torch.bfloat16
-        width = self.pair_width if pairs else self.width
-        blocks = -(-N // width)
+        blocks = -(-N // self.width)
         width_k = K + (K % 2) if pairs else K
-        padded = w.new_zeros(blocks * width, width_k)
+        padded = w.new_zeros(blocks * self.width, width_k)
         padded[:N, :K] = w
         if pairs:
-            panels = padded.view(blocks, width, width_k // 2, 2).permute(0, 2, 1, 3).contiguous()
+            panels = padded.view(blocks, self.width, width_k // 2, 2).permute(0, 2, 1, 3).contiguous()
         elif w.dtype == torch.bfloat16:  # widened on load: vectors (2p, 2p + 1) as interleaved halves
             vl = self.lib.lean_vector_len()
             panels = padded.view(blocks, -1, 2, vl, K).permute(0, 4, 1, 3, 2).contiguous()
@@ -76,7 +87,7 @@ class NativeOps:
         accumulate = out is not None
         if out is None:
             out = torch.empty(M, w.out_features, dtype=torch.float32, device=x.device)
-        self.lib.lean_gemm(_ptr(x), x.stride(0), _ptr(w.data), int(w.data.dtype == torch.bfloat16), _ptr(out),
+        self.lib.lean_gemm(_ptr(x), x.stride(0), _ptr(w.data), self.weight_format(w.data.dtype), _ptr(out),
                            out.stride(0), M, w.in_features, w.out_features, int(accumulate))
         if w.bias is not None:
             out += w.bias
@@ -95,7 +106,7 @@ class NativeOps:
 
     def stack(self, layers) -> tuple:
         """The decoder's layers (model.LeanLayer) for `run_layers`: an array of their pointers,
-        whether the weights are bf16, and the widths (qkv outputs, MLP width). The layers must
+        the weights' format (native.c's lean_weights), and the widths (qkv outputs, MLP width). The layers must
         outlive it (the decoder holds both)."""
         array = (LayerStack * len(layers))()
         for slot, layer in zip(array, layers):
@@ -107,16 +118,16 @@ class NativeOps:
         weights = [w.data.dtype for layer in layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)]
         if len(set(weights)) != 1:
             raise ValueError(f"a decoder's linear layers must share one dtype, got {sorted(map(str, set(weights)))}")
-        return array, int(weights[0] == torch.bfloat16), layers[0].qkv.out_features, layers[0].down.in_features
+        return array, self.weight_format(weights[0]), layers[0].qkv.out_features, layers[0].down.in_features
 
     def run_layers(self, stack, x, start, stop, k_cache, v_cache, positions, cos, sin, rows, lens, mask,
                    B, T, H, KV, hd, eps):
         """x [B*T, D] through layers start..stop-1 in place, in one native call (native.c
         lean_layers: the same kernels in the same order as the per-layer calls)."""
-        array, w_bf16, n_qkv, inner = stack
+        array, weight_format, n_qkv, inner = stack
         M, D = x.shape
         scratch = torch.empty(M * (D + n_qkv + H * hd + 3 * inner), dtype=torch.float32)
-        self.lib.lean_layers(array, start, stop, w_bf16, _ptr(x), B, T, D, n_qkv, inner, eps, _ptr(k_cache),
+        self.lib.lean_layers(array, start, stop, weight_format, _ptr(x), B, T, D, n_qkv, inner, eps, _ptr(k_cache),
                              _ptr(v_cache), k_cache.stride(0), _ptr(positions), _ptr(cos), _ptr(sin), _ptr(rows),
                              _ptr(lens), _ptr(mask), H, KV, hd, k_cache.shape[3], hd ** -0.5, _ptr(scratch))
         return x

@@ -26,15 +26,25 @@ from speclab.speculator.targets import tiny_llama
 REL = 3e-5
 NATIVE = native.load() is not None
 BACKENDS = ["torch", pytest.param("native", marks=pytest.mark.skipif(not NATIVE, reason="no C compiler"))]
-# The machine's own build, the AVX2 build (8-wide vectors, 16-wide panels) that an
-# AVX2-only machine gets, and on AVX-512 machines the AVX-512 build without bf16 pair
-# products: every code path a CPU may take is checked wherever the tests run on x86.
+# The machine's own build on the path it chose (pair_choice.py), its bf16-pair path where the
+# CPU has one, the AVX2 build (8-wide vectors, 16-wide panels) that an AVX2-only machine
+# gets, and on AVX-512 machines the AVX-512 build without bf16 pair products: every code
+# path a CPU may take is checked wherever the tests run on x86.
+PAIRS = NATIVE and bool(native.load().lean_bf16_dot())
 ISAS = ["native",
+        pytest.param("native-pairs", marks=pytest.mark.skipif(not PAIRS, reason="no bf16-pair products here")),
         pytest.param("haswell", marks=pytest.mark.skipif(native.load("haswell") is None,
                                                          reason="no x86 AVX2 build here")),
         pytest.param("skylake-avx512", marks=pytest.mark.skipif(
             "avx512f" not in native.cpu_flags() or native.load("skylake-avx512") is None,
             reason="not an AVX-512 CPU"))]
+
+
+def native_ops(isa: str) -> NativeOps:
+    """The kernels of one entry of ISAS."""
+    if isa == "native-pairs":
+        return NativeOps(native.load(), bf16_pairs=True)
+    return NativeOps(native.load(isa))
 
 
 def close(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -90,7 +100,7 @@ def test_cached_steps_rollback_and_tree_match_transformers(hf_model, choice):
 def test_native_ops_equal_their_reference(dtype, isa):
     """Odd shapes: outputs not a multiple of the panel width, rows across tile boundaries."""
     g = torch.Generator().manual_seed(0)
-    fast = NativeOps(native.load(isa))
+    fast = native_ops(isa)
     ref = TorchOps(round_bf16_inputs=fast.bf16_dot)  # bf16-pair CPUs round a GEMM's input to bf16
     for M, K, N in [(1, 64, 16), (7, 37, 83), (13, 128, 200)]:
         x, w = torch.randn(M, K, generator=g), torch.randn(N, K, generator=g).to(dtype)
@@ -113,12 +123,12 @@ def test_widened_bf16_weights_give_the_fp32_kernels_bits(isa):
     two vectors' outputs as the halves of 32-bit words), so the GEMM must give bit for bit
     what the fp32 kernel gives for the same weights as fp32: a misplaced half (an output
     reading its neighbour's weight) or an inexact widening cannot pass. Sizes: every micro-
-    tile height (1..6 rows and a second tile), outputs not a multiple of the panel width."""
-    ops = NativeOps(native.load(isa))
+    tile height (1..12 rows and a second tile), outputs not a multiple of the panel width."""
+    ops = native_ops(isa)
     if ops.bf16_dot:
         pytest.skip("this build multiplies bf16 pairs (rounded inputs): its own test above")
     g = torch.Generator().manual_seed(2)
-    for M in (1, 2, 3, 4, 5, 6, 11):
+    for M in (*range(1, 14), 25):
         x, w = torch.randn(M, 77, generator=g), torch.randn(2 * ops.width + 5, 77, generator=g).to(torch.bfloat16)
         assert torch.equal(ops.linear(x, ops.pack(w)), ops.linear(x, ops.pack(w.float()))), M
 
@@ -128,9 +138,9 @@ def test_widened_bf16_weights_give_the_fp32_kernels_bits(isa):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_every_tile_height_gives_a_row_the_bits_it_gets_alone(dtype, isa):
     """The GEMM's batch invariance at its own level: 1..25 rows span every micro-tile height
-    of every path (6 rows for the widening ones, 12 for bf16 pairs) and a third tile, with
-    outputs not a multiple of either panel width; each row must equal itself computed alone."""
-    ops = NativeOps(native.load(isa))
+    of every path (12 rows with AVX-512, 6 with AVX2) and a third tile, with outputs not a
+    multiple of the panel width; each row must equal itself computed alone."""
+    ops = native_ops(isa)
     g = torch.Generator().manual_seed(3)
     w = ops.pack(torch.randn(3 * ops.width + 7, 91, generator=g).to(dtype))
     x = torch.randn(25, 91, generator=g)
@@ -145,7 +155,7 @@ def test_every_tile_height_gives_a_row_the_bits_it_gets_alone(dtype, isa):
 def test_native_attention_equals_its_reference(isa, hd):
     """Rows at different cached lengths (0, and past two blocks of keys) under a tree mask."""
     g = torch.Generator().manual_seed(1)
-    fast, ref = NativeOps(native.load(isa)), TorchOps()
+    fast, ref = native_ops(isa), TorchOps()
     B, T, H, KV, S = 2, 5, 6, 2, 64
     qkv = torch.randn(B * T, (H + 2 * KV) * hd, generator=g)
     cos, sin = torch.randn(S, hd // 2, generator=g), torch.randn(S, hd // 2, generator=g)
@@ -167,11 +177,11 @@ def resident_mb() -> float:
     return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-@pytest.mark.skipif(not NATIVE or not NativeOps(native.load()).bf16_dot, reason="needs the bf16-pair kernels")
+@pytest.mark.skipif(not PAIRS, reason="needs the bf16-pair kernels")
 def test_the_bf16_row_buffer_is_freed_when_its_thread_exits():
     """Each thread's GEMMs reuse one buffer for their bf16-rounded input rows; 100 threads
     that each ran a 512-row GEMM (a 590 KB buffer apiece) must not leave 100 buffers behind."""
-    ops = NativeOps(native.load())
+    ops = NativeOps(native.load(), bf16_pairs=True)
     w, x = ops.pack(torch.randn(16, 576).to(torch.bfloat16)), torch.randn(512, 576)
     buffer_mb = x.numel() * 2 / 2**20
 
@@ -196,7 +206,7 @@ def test_native_decoding_is_batch_invariant(dtype, isa):
     drafts, inside a tree, or in a batch of other rows: greedy speculative decoding then
     equals plain decoding exactly, in either dtype and instruction set."""
     model = tiny_llama(dtype=dtype, runtime="hf").model
-    lean = LeanDecoder(model, ops=NativeOps(native.load(isa)))
+    lean = LeanDecoder(model, ops=native_ops(isa))
     if dtype == "fp32":  # (transformers computes bf16 in bf16; the lean runtime in fp32)
         assert close(lean.forward(ids(12, 3)).logits, model(ids(12, 3)).logits)
     P = 30  # a context past the attention kernel's first block of keys (16 with AVX-512, 8 with AVX2)
@@ -220,7 +230,7 @@ def test_native_decoding_is_batch_invariant(dtype, isa):
         lean.forward(other, batch, rows=[row])
     mixed = lean.forward(torch.tensor([[1], [seq[0, P]], [2]]), batch, rows=[0, 1, 2]).logits[:, 0]
     assert torch.equal(mixed[1], steps[0])
-    per_call = LeanDecoder(model, ops=NativeOps(native.load(isa)))
+    per_call = LeanDecoder(model, ops=native_ops(isa))
     per_call._stack = None  # each kernel called from Python: the layers' one native call must give its bits
     assert torch.equal(per_call.forward(seq[:, : P + 6]).logits, lean.forward(seq[:, : P + 6]).logits)
 
