@@ -44,7 +44,7 @@
  * a 6-row tile walked an 8-token pass's panels twice, the second walk (2 rows) with no memory
  * traffic under it. On an AVX512-BF16 Xeon the 2 x 12 tile made SmolLM2 passes of 8-12 tokens
  * 1.19-1.20x faster than 4 x 6 with bf16 weights widened (2-5 tokens 1.08-1.09x; fp32
- * weights 1.09-1.22x at 1-12 tokens); 2 x 8, 2 x 10 and 2 x 14 were slower (docs/results.md).
+ * weights 1.04-1.22x at 1-12 tokens); 2 x 8, 2 x 10 and 2 x 14 were slower (docs/results.md).
  * AVX2 (16 registers): 2 x 6. */
 #define VL 16 /* floats per vector register */
 #define RB 2
