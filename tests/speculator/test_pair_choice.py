@@ -48,6 +48,15 @@ def test_a_corrupt_record_is_measured_again(fresh, monkeypatch):
     assert pair_choice.pairs_pay(FakeLib(True)) is False
 
 
+def test_a_cache_that_cannot_be_written_still_gives_the_choice(fresh, monkeypatch):
+    def refuse(*args):
+        raise PermissionError("read-only cache")
+
+    monkeypatch.setattr(machine_records, "write", refuse)
+    monkeypatch.setattr(pair_choice, "time_paths", lambda lib: {"pairs": 1.0, "widened": 2.0})
+    assert pair_choice.pairs_pay(FakeLib(True)) is True
+
+
 def test_no_pair_products_no_measurement_and_the_override(fresh, monkeypatch):
     monkeypatch.setattr(pair_choice, "time_paths", lambda lib: pytest.fail("nothing to measure"))
     assert pair_choice.pairs_pay(FakeLib(False)) is False
