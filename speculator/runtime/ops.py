@@ -33,6 +33,10 @@ class Weight:
     rounds_input: bool = False  # torch reference of the bf16-pair kernels: x rounded to bf16 first
 
 
+# native.c's enum lean_weights: how a GEMM's weights are packed (NativeOps.pack).
+LEAN_FP32, LEAN_BF16_WIDENED, LEAN_BF16_PAIRS = 0, 1, 2
+
+
 def _ptr(t: torch.Tensor | None):
     return None if t is None else ctypes.c_void_p(t.data_ptr())
 
@@ -56,8 +60,8 @@ class NativeOps:
     def weight_format(self, dtype: torch.dtype) -> int:
         """native.c's enum lean_weights for weights of this dtype as pack lays them out."""
         if dtype != torch.bfloat16:
-            return 0  # LEAN_FP32
-        return 2 if self.bf16_dot else 1  # LEAN_BF16_PAIRS, LEAN_BF16_WIDENED
+            return LEAN_FP32
+        return LEAN_BF16_PAIRS if self.bf16_dot else LEAN_BF16_WIDENED
 
     def pack(self, w: torch.Tensor, bias: torch.Tensor | None = None) -> Weight:
         """[N, K] -> panels [ceil(N / NR), K, NR]: a panel's K x NR block is contiguous, so a

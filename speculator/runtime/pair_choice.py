@@ -30,6 +30,7 @@ RECORDS = "bf16-gemm-path"  # the speclab cache folder of the remembered choices
 # A 9-token verification and a 1-token step through SmolLM2's MLP up-projection: weights
 # (3.5 MB in bf16) beyond L2, so the probe pays for memory as a real pass does.
 PROBE_ROWS, PROBE_OUT, PROBE_IN = (1, 9), 3072, 576
+RECORD_KEY = [PROBE_ROWS, PROBE_OUT, PROBE_IN]  # the record's key beside the machine's own (machine_records)
 ROUNDS, CALLS = 7, 4
 
 
@@ -43,14 +44,13 @@ def pairs_pay(lib) -> bool:
         if forced not in ("0", "1"):
             raise ValueError(f"SPECLAB_BF16_PAIRS must be 0 or 1, got {forced!r}")
         return forced == "1"
-    key = [PROBE_ROWS, PROBE_OUT, PROBE_IN]
-    record = machine_records.read(RECORDS, key)
+    record = machine_records.read(RECORDS, RECORD_KEY)
     if record is not None and isinstance(record.get("pairs"), bool):
         return record["pairs"]
     ms = time_paths(lib)
     pairs = ms["pairs"] < ms["widened"]
     try:
-        machine_records.write(RECORDS, key, {"pairs": pairs, "probe_ms": ms, "machine": machine_records.machine_name()})
+        machine_records.write(RECORDS, RECORD_KEY, {"pairs": pairs, "probe_ms": ms, "machine": machine_records.machine_name()})
     except OSError as exc:  # a read-only cache costs a probe per process, not the run
         log.warning("could not remember the bf16 GEMM path (%s): it is measured again next time", exc)
     log.info("bf16 GEMMs: %s (probe ms %s)", "bf16 pairs" if pairs else "widened to fp32", ms)

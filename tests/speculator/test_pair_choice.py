@@ -36,14 +36,12 @@ def test_the_faster_path_is_measured_once_and_remembered(fresh, monkeypatch):
     pair_choice.pairs_pay.cache_clear()  # a new process: the record, not a new measurement
     monkeypatch.setattr(pair_choice, "time_paths", lambda lib: pytest.fail("measured twice"))
     assert pair_choice.pairs_pay(FakeLib(True)) is True and calls == [1]
-    record = machine_records.read(pair_choice.RECORDS, [pair_choice.PROBE_ROWS, pair_choice.PROBE_OUT,
-                                                        pair_choice.PROBE_IN])
+    record = machine_records.read(pair_choice.RECORDS, pair_choice.RECORD_KEY)
     assert record["probe_ms"] == {"pairs": 1.0, "widened": 2.0}
 
 
 def test_a_corrupt_record_is_measured_again(fresh, monkeypatch):
-    key = [pair_choice.PROBE_ROWS, pair_choice.PROBE_OUT, pair_choice.PROBE_IN]
-    machine_records.write(pair_choice.RECORDS, key, {"pairs": "yes"})
+    machine_records.write(pair_choice.RECORDS, pair_choice.RECORD_KEY, {"pairs": "yes"})
     monkeypatch.setattr(pair_choice, "time_paths", lambda lib: {"pairs": 3.0, "widened": 2.0})
     assert pair_choice.pairs_pay(FakeLib(True)) is False
 
