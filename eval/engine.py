@@ -168,7 +168,7 @@ def _draft_chain(speculator: Speculator, state, pending: torch.Tensor, k: int, c
                  vocab: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """k drafts [1, k] and their distributions q [1, k, V] (None when greedy: unused)."""
     if chooser.mode == "greedy" or chooser.config.drafts == "argmax":
-        drafts, _ = speculator.propose(state, pending, k)  # [1, k]
+        drafts = speculator.propose_tokens(state, pending, k)  # [1, k]
         # Deterministic drafts: q is a point mass on each.
         return drafts, None if chooser.mode == "greedy" else F.one_hot(drafts, vocab).float()
     tokens: list[int] = []

@@ -218,17 +218,23 @@ class Speculator(nn.Module):
         drafting paths[m]."""
         raise NotImplementedError(f"{type(self).__name__} does not support tree drafting")
 
+    def propose_tokens(self, state: Any, pending: torch.Tensor, k: int) -> torch.Tensor:
+        """`propose`'s drafts [1, k'] alone, for callers that read no draft logits (greedy
+        decoding, argmax drafts, union trees). A family whose logits cost real work beside its
+        tokens (a vocabulary-wide row per draft) overrides it to skip them; the tokens are the same."""
+        return self.propose(state, pending, k)[0]
+
     def propose_chains(self, state: Any, pending: torch.Tensor, k: int) -> list[torch.Tensor]:
         """Candidate chains [1, k_i] (k_i <= k) for a union-tree step (eval/tree.py): a drafter
-        holding independent guesses (the hybrid: its suffix and its learned part) offers each,
+        holding independent guesses (the hybrid: its suffix and its learned part; suffix with
+        `branches`: its runner-up continuations) offers each,
         and the target verifies their trie in one pass. By default the one chain `propose`
         drafts, which makes a union tree a chain; `offers_chains` says whether a family does more."""
-        return [self.propose(state, pending, k)[0]]
+        return [self.propose_tokens(state, pending, k)]
 
-    @classmethod
-    def offers_chains(cls) -> bool:
+    def offers_chains(self) -> bool:
         """Whether `propose_chains` can return more than one chain (a union tree is worth piloting)."""
-        return cls.propose_chains is not Speculator.propose_chains
+        return type(self).propose_chains is not Speculator.propose_chains
 
     def max_draft_len(self) -> int | None:
         """The longest chain this speculator can propose (None: unbounded)."""

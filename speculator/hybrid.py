@@ -138,11 +138,18 @@ class HybridSpeculator(Speculator):
             return self.suffix.propose(state.suffix, pending, k)
         return self.propose_learned(state, pending, k)
 
+    def propose_tokens(self, state: HybridState, pending: torch.Tensor, k: int) -> torch.Tensor:
+        if self.uses_suffix(state, pending):
+            return self.suffix.propose_tokens(state.suffix, pending, k)
+        return self.learned.propose_tokens(state.learned, pending, min(k, self.learned_limit()))
+
     def propose_chains(self, state: HybridState, pending: torch.Tensor, k: int) -> list[torch.Tensor]:
-        chains = [self.suffix.propose(state.suffix, pending, k)[0]]
-        if not self.uses_suffix(state, pending):
-            chains.append(self.propose_learned(state, pending, min(k, self.config.learned_k))[0])
-        return chains
+        # The suffix part's chain first, then the learned chain where the match is short, then
+        # suffix's runner-up chains (its `branches`), which the budget cuts first.
+        first, *runners_up = self.suffix.propose_chains(state.suffix, pending, k)
+        learned = [] if self.uses_suffix(state, pending) else [self.learned.propose_tokens(
+            state.learned, pending, min(k, self.config.learned_k, self.learned_limit()))]
+        return [first, *learned, *runners_up]
 
     def propose_learned(self, state: HybridState, pending: torch.Tensor, k: int):
         """The learned part's chain, at most its heads long, over the whole vocabulary."""

@@ -12,7 +12,8 @@ Speculation length adapts to the match: at each step the match length m at the p
 token allows ceil(spec_factor * m) confident drafts (a long match predicts a long shared
 continuation; a one-token match barely one token), and a candidate less likely than
 min_prob is not confident either. Past that, drafts are still the best guesses but ranked
-as not confident (lookup.py), which is what a tree's budget and the hybrid's rule read.
+as not confident (lookup.py), which is what a tree's budget and the hybrid's rule read. With `branches`, a union
+tree also verifies the runner-up continuations at the chain's least certain drafts.
 
 A third trie, optional (`corpus_tokens`): the target's own answers from the run's training
 data (`use_training_data`), standing in for the earlier requests a serving engine's global
@@ -87,13 +88,19 @@ class SuffixConfig:
     """Also match the target's answers in the run's training data, up to this many tokens
     (whole answers, in data order): the earlier requests a serving engine would have seen.
     0: no corpus (the paper's drafter; the training-free baselines)."""
+    branches: int = 0
+    """Union trees (eval/tree.py): besides the greedy chain, offer up to this many runner-up
+    chains, each the second candidate at one of the chain's drafts (if at least min_prob
+    likely; shallowest first) and the greedy chain after it. 0: the paper's single chain."""
     draft_vocab_size: int = 0
     """Always 0: the drafter proposes tokens it has seen, from the whole vocabulary."""
 
     def __post_init__(self) -> None:
-        if self.max_pattern < 1 or self.spec_factor <= 0 or not 0 <= self.min_prob <= 1 or self.corpus_tokens < 0:
+        if self.max_pattern < 1 or self.spec_factor <= 0 or not 0 <= self.min_prob <= 1 or self.corpus_tokens < 0 \
+                or self.branches < 0:
             raise ValueError(f"suffix needs max_pattern >= 1, spec_factor > 0, 0 <= min_prob <= 1, corpus_tokens "
-                             f">= 0; got {self.max_pattern}, {self.spec_factor}, {self.min_prob}, {self.corpus_tokens}")
+                             f">= 0, branches >= 0; got {self.max_pattern}, {self.spec_factor}, {self.min_prob}, "
+                             f"{self.corpus_tokens}, {self.branches}")
 
 
 @dataclass
@@ -232,6 +239,22 @@ class SuffixSpeculator(TrainingFree):
         if state.root[:2] != key:
             state.root = (*key, self.match(state, self.context(state, pending, []))[0])
         return state.root[2]
+
+    def offers_chains(self) -> bool:
+        return self.config.branches > 0
+
+    def propose_chains(self, state: SuffixState, pending: torch.Tensor, k: int) -> list[torch.Tensor]:
+        """The greedy chain, then up to `branches` runner-up chains (SuffixConfig.branches):
+        where the chain's draft d was the top candidate, its second one, if at least min_prob
+        likely, and the greedy drafts after it."""
+        drafts, guesses = self._chain(state, pending, k)
+        chains, tokens = [drafts], drafts[0].tolist()
+        for depth, guess in enumerate(guesses):
+            if len(chains) > self.config.branches:
+                break
+            if len(guess.ranked) > 1 and guess.ranked[1][1] >= self.config.min_prob:
+                chains.append(self._chain(state, pending, k, tokens[:depth] + [guess.ranked[1][0]])[0])
+        return chains
 
     def candidates(self, state: SuffixState, context: list[int]) -> Guess:
         depth = len(context) - 1 - min(len(state.tokens), self.window())  # drafted tokens in the context

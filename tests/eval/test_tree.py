@@ -77,7 +77,8 @@ def test_union_tree_accepts_what_either_chain_gets_right(target, prompt, plain):
     generate_tree(target, scripted(TakeTurnsSpeculator, target, [prompt], MAX_NEW + 4), prompt, MAX_NEW, UNION,
                   eos_ids=(), stats=union)
     assert union.mean_acceptance_length > chain.mean_acceptance_length + 1
-    assert TakeTurnsSpeculator.offers_chains() and not OracleSpeculator.offers_chains()
+    assert scripted(TakeTurnsSpeculator, target, [prompt], 4).offers_chains()
+    assert not scripted(OracleSpeculator, target, [prompt], 4).offers_chains()
 
 
 def test_tree_beats_chain_at_equal_verified_tokens(target, prompt):

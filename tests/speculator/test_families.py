@@ -124,6 +124,18 @@ def test_training_forward_equals_inference(family, size):
 
 
 @pytest.mark.parametrize("family", sorted(SMALL))
+def test_propose_tokens_are_proposes_drafts(family):
+    info = target_info()
+    spec = build_speculator(family, SMALL[family][0], info).eval()
+    torch.manual_seed(3)
+    prompt, hidden = torch.randint(0, info.vocab_size, (1, 6)), torch.randn(1, 6, info.hidden_size)
+    layers = random_layers(spec, 6, info.hidden_size)
+    pending = torch.randint(0, info.vocab_size, (1, 1))
+    drafts, _ = spec.propose(spec.start(prompt, hidden, layers), pending, 3)
+    assert torch.equal(spec.propose_tokens(spec.start(prompt, hidden, layers), pending, 3), drafts)
+
+
+@pytest.mark.parametrize("family", sorted(SMALL))
 def test_accept_then_propose_matches_fresh_start(family):
     """After a partial acceptance, the state equals one started on the committed prefix."""
     info = target_info()

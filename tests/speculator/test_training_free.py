@@ -78,6 +78,19 @@ def test_extend_rows_equal_propose_and_leave_the_state_alone(family, params):
     assert torch.equal(again, drafts)  # extend changed nothing
 
 
+@pytest.mark.parametrize("family, params", families(), ids=lambda x: x if isinstance(x, str) else "")
+def test_propose_tokens_are_proposes_drafts_on_long_and_short_matches(family, params):
+    spec = build_speculator(family, params, info()).eval()
+    prompt = [1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 6, 7]
+    for pending in range(V):  # long matches (3 after "1 2"), one-token ones, and none
+        for k in (1, 3, 5):
+            torch.manual_seed(pending)  # started() hands the learned part random features
+            drafts, _ = spec.propose(started(spec, prompt), torch.tensor([[pending]]), k)
+            torch.manual_seed(pending)
+            tokens = spec.propose_tokens(started(spec, prompt), torch.tensor([[pending]]), k)
+            assert torch.equal(tokens, drafts), (pending, k)
+
+
 @pytest.mark.parametrize("family, params", families()[:2], ids=["ngram", "suffix"])
 def test_accept_then_propose_matches_a_fresh_start(family, params):
     spec = build_speculator(family, params, info())
