@@ -15,9 +15,9 @@ from speclab.speculator.families import build_speculator
 from stat_checks import chi2_pvalue
 
 MAX_NEW = 24
-FAMILIES = [("ngram", {}), ("suffix", {}),
+FAMILIES = [("ngram", {}), ("suffix", {}), ("suffix", {"branches": 2}),
             ("hybrid", {"learned": {"family": "mlp", "n_predict": 4, "inner_dim": 32}, "min_match": 2})]
-IDS = [f for f, _ in FAMILIES]
+IDS = [f + ("-branches" if p.get("branches") else "") for f, p in FAMILIES]
 SHAPES = [TreeConfig("static", depth=3, top_k=2, budget=6), TreeConfig("dynamic", depth=4, top_k=3, budget=8),
           TreeConfig("union", depth=4, budget=6)]
 

@@ -105,6 +105,24 @@ def test_accept_then_propose_matches_a_fresh_start(family, params):
         assert torch.equal(after[0], fresh[0]) and torch.equal(after[1], fresh[1])
 
 
+def test_suffix_runner_up_chains_start_at_the_second_candidate():
+    # Patterns of at most 2 tokens: after "1 2" came 3 twice and 4 once; after "2 3", 5 and
+    # after "2 4", 6. The greedy chain from pending 2 is 3 5 1; the runner-up takes 4 (1/3 >=
+    # min_prob) and goes on greedily: 6 1. No other draft had a second candidate.
+    prompt = [1, 2, 3, 5, 1, 2, 4, 6, 1, 2, 3, 5, 1]
+    params = {"global_outputs": False, "max_pattern": 2, "spec_factor": 4.0}
+    spec = build_speculator("suffix", {**params, "branches": 2}, info())
+    chains = [c[0].tolist() for c in spec.propose_chains(started(spec, prompt), torch.tensor([[2]]), 3)]
+    greedy = spec.propose_tokens(started(spec, prompt), torch.tensor([[2]]), 3)[0].tolist()
+    assert chains == [[3, 5, 1], [4, 6, 1]] and greedy == [3, 5, 1]
+    assert spec.offers_chains()
+    single = build_speculator("suffix", params, info())
+    assert not single.offers_chains()
+    assert [c[0].tolist() for c in single.propose_chains(started(single, prompt), torch.tensor([[2]]), 3)] == [greedy]
+    with pytest.raises(ValueError, match="branches >= 0"):
+        build_speculator("suffix", {"branches": -1}, info())
+
+
 def test_suffix_speculation_length_follows_the_match_length():
     # "7 8 9 1 2 3 4 5 6" then "... 7 8 9": a 3-token match, so with spec_factor 1 the first
     # 3 drafts (1 2 3) are confident (logit log 1 = 0) and the chain stops there; the 4th
