@@ -141,19 +141,23 @@ class HybridSpeculator(Speculator):
     def propose_tokens(self, state: HybridState, pending: torch.Tensor, k: int) -> torch.Tensor:
         if self.uses_suffix(state, pending):
             return self.suffix.propose_tokens(state.suffix, pending, k)
-        return self.learned.propose_tokens(state.learned, pending, min(k, self.learned_limit()))
+        return self.learned.propose_tokens(state.learned, pending, self.learned_len(k))
 
     def propose_chains(self, state: HybridState, pending: torch.Tensor, k: int) -> list[torch.Tensor]:
         # The suffix part's chain first, then the learned chain where the match is short, then
         # suffix's runner-up chains (its `branches`), which the budget cuts first.
         first, *runners_up = self.suffix.propose_chains(state.suffix, pending, k)
-        learned = [] if self.uses_suffix(state, pending) else [self.learned.propose_tokens(
-            state.learned, pending, min(k, self.config.learned_k, self.learned_limit()))]
+        learned = [] if self.uses_suffix(state, pending) else [
+            self.learned.propose_tokens(state.learned, pending, self.learned_len(min(k, self.config.learned_k)))]
         return [first, *learned, *runners_up]
+
+    def learned_len(self, k: int) -> int:
+        """k capped at the learned part's heads."""
+        return min(k, self.learned_limit())
 
     def propose_learned(self, state: HybridState, pending: torch.Tensor, k: int):
         """The learned part's chain, at most its heads long, over the whole vocabulary."""
-        drafts, logits = self.learned.propose(state.learned, pending, min(k, self.learned_limit()))
+        drafts, logits = self.learned.propose(state.learned, pending, self.learned_len(k))
         return drafts, self.widen(logits)
 
     def extend(self, state: HybridState, pending: torch.Tensor, paths: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -105,7 +105,7 @@ class TrainingFree(Speculator):
         return self._chain(state, pending, k)[0]
 
     def _chain(self, state: Any, pending: torch.Tensor, k: int,
-               path: list[int] = ()) -> tuple[torch.Tensor, list[Guess]]:
+               path: Sequence[int] = ()) -> tuple[torch.Tensor, list[Guess]]:
         """The greedy chain after `path` (drafted tokens it starts with): drafts [1, k'] (path
         included, k' <= k) and the guess behind each draft after the path."""
         context, guesses = self.context(state, pending, list(path)), []

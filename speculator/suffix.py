@@ -12,8 +12,8 @@ Speculation length adapts to the match: at each step the match length m at the p
 token allows ceil(spec_factor * m) confident drafts (a long match predicts a long shared
 continuation; a one-token match barely one token), and a candidate less likely than
 min_prob is not confident either. Past that, drafts are still the best guesses but ranked
-as not confident (lookup.py), which is what a tree's budget and the hybrid's rule read. With `branches`, a union
-tree also verifies the runner-up continuations at the chain's least certain drafts.
+as not confident (lookup.py), which is what a tree's budget and the hybrid's rule read.
+With `branches`, a union tree also verifies runner-up continuations at the chain's drafts.
 
 A third trie, optional (`corpus_tokens`): the target's own answers from the run's training
 data (`use_training_data`), standing in for the earlier requests a serving engine's global
