@@ -6,7 +6,9 @@ sweep's own settings (same target, data and eval prompts; the speculator group s
 in the sweep's process, into `<sweep dir>/baseline-<family>/`. Nothing is trained, so each
 costs one scoring pass. A baseline already completed in this sweep's directory with the
 same resolved config is not run again (resume, as for the sweep's jobs); one that fails is
-recorded failed in its result.json and the sweep goes on.
+recorded failed in its result.json and the sweep goes on. A sweep relaunched in the same
+directory with other settings (another data budget, say) scores its baselines again, into
+`baseline-<family>-<config hash>/`: the earlier completed ones are kept, never overwritten.
 
 The same resolved config as a sweep job's `speculator=<family>` (the arch sweep has one):
 that job then finds this run completed and is skipped.
@@ -22,7 +24,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from .resume import config_hash, find_completed
+from .resume import check_run_dir_free, config_hash, find_completed
 from .table import BASELINE_FAMILIES as BASELINES
 
 log = logging.getLogger(__name__)
@@ -47,9 +49,10 @@ def score_baselines(sweep_config: DictConfig, sweep_dir: Path) -> list[Path]:
     done = []
     for family in BASELINES:
         cfg = baseline_config(sweep_config, family)
-        run_dir = sweep_dir / f"{RUN_PREFIX}{family}"
         wanted = config_hash(OmegaConf.to_container(cfg, resolve=True))
-        if find_completed(sweep_dir, wanted) is None:
+        run_dir = find_completed(sweep_dir, wanted)
+        if run_dir is None:
+            run_dir = baseline_dir(sweep_dir, family, wanted)
             run_dir.mkdir(parents=True, exist_ok=True)
             try:
                 run_experiment(cfg, run_dir)
@@ -57,6 +60,17 @@ def score_baselines(sweep_config: DictConfig, sweep_dir: Path) -> list[Path]:
                 log.exception("baseline %s failed", family)
         done.append(run_dir)
     return done
+
+
+def baseline_dir(sweep_dir: Path, family: str, wanted_hash: str) -> Path:
+    """Where a baseline of this config hash runs: `baseline-<family>`, unless that holds a
+    completed run of another config, then `baseline-<family>-<hash prefix>`."""
+    plain = sweep_dir / f"{RUN_PREFIX}{family}"
+    try:
+        check_run_dir_free(plain, wanted_hash)
+    except FileExistsError:
+        return sweep_dir / f"{RUN_PREFIX}{family}-{wanted_hash[:8]}"
+    return plain
 
 
 class ScoreBaselines(Callback):
