@@ -8,7 +8,7 @@ costs one scoring pass. A baseline already completed in this sweep's directory w
 same resolved config is not run again (resume, as for the sweep's jobs); one that fails is
 recorded failed in its result.json and the sweep goes on. A sweep relaunched in the same
 directory with other settings (another data budget, say) scores its baselines again, into
-`baseline-<family>-<config hash>/`: the earlier completed ones are kept, never overwritten.
+`baseline-<family>-<config hash prefix>/`: the earlier completed ones are kept, never overwritten.
 
 The same resolved config as a sweep job's `speculator=<family>` (the arch sweep has one):
 that job then finds this run completed and is skipped.

@@ -22,8 +22,7 @@ def read_records(run_dir):
 
     paths = sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
     assert len(paths) == 1, f"expected one offline run's .wandb file, found {paths}"
-    (path,) = paths
-    data = path.read_bytes()
+    data = paths[0].read_bytes()
     ident, magic, version = FILE_HEADER.unpack_from(data)
     assert ident == b":W&B" and magic == 0xBEE1, (ident, magic, version)
     records, pos, pending = [], FILE_HEADER.size, b""
