@@ -109,16 +109,25 @@ class TrainingFree(Speculator):
         """The greedy chain after `path` (drafted tokens it starts with): drafts [1, k'] (path
         included, k' <= k) and the guess behind each draft after the path."""
         context, guesses = self.context(state, pending, list(path)), []
+        chance, floor = 1.0, self.min_chain_prob()
         for _ in range(k - len(path)):
             guess = self.candidates(state, context)
             if not guess.ranked or not guess.confident:
                 break  # the chain ends where the drafter stops believing in its guesses
+            chance *= guess.ranked[0][1]
+            if chance < floor:
+                break  # every draft past here is likelier rejected than paid for (min_chain_prob)
             guesses.append(guess)
             context.append(guess.ranked[0][0])
         n = len(path) + len(guesses)
         drafts = torch.tensor([context[len(context) - n:] if n else []], dtype=torch.long,
                               device=pending.device).view(1, n)  # [1, k'], k' <= k
         return drafts, guesses
+
+    def min_chain_prob(self) -> float:
+        """A chain stops before the draft that takes the product of its drafts' probabilities
+        below this (0: never). Families with such a knob read it from their config."""
+        return 0.0
 
     def extend(self, state: Any, pending: torch.Tensor, paths: torch.Tensor) -> torch.Tensor:
         """paths [M, d] -> logits [M, V]: the candidates after [pending, paths[m]]."""

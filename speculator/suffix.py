@@ -88,6 +88,11 @@ class SuffixConfig:
     """Also match the target's answers in the run's training data, up to this many tokens
     (whole answers, in data order): the earlier requests a serving engine would have seen.
     0: no corpus (the paper's drafter; the training-free baselines)."""
+    min_chain_prob: float = 0.0
+    """A chain stops before the draft that takes the product of its drafts' probabilities
+    below this: each verified token widens the target's pass, and a draft whose chain is
+    unlikely to survive to it costs more than it is expected to return. 0: off (the paper's
+    rule: match length and min_prob alone)."""
     branches: int = 0
     """Union trees (eval/tree.py): besides the greedy chain, offer up to this many runner-up
     chains, each the second candidate at one of the chain's drafts (if at least min_prob
@@ -97,10 +102,11 @@ class SuffixConfig:
 
     def __post_init__(self) -> None:
         if self.max_pattern < 1 or self.spec_factor <= 0 or not 0 <= self.min_prob <= 1 or self.corpus_tokens < 0 \
-                or self.branches < 0:
+                or self.branches < 0 or not 0 <= self.min_chain_prob <= 1:
             raise ValueError(f"suffix needs max_pattern >= 1, spec_factor > 0, 0 <= min_prob <= 1, corpus_tokens "
-                             f">= 0, branches >= 0; got {self.max_pattern}, {self.spec_factor}, {self.min_prob}, "
-                             f"{self.corpus_tokens}, {self.branches}")
+                             f">= 0, branches >= 0, 0 <= min_chain_prob <= 1; got {self.max_pattern}, "
+                             f"{self.spec_factor}, {self.min_prob}, {self.corpus_tokens}, {self.branches}, "
+                             f"{self.min_chain_prob}")
 
 
 @dataclass
@@ -239,6 +245,9 @@ class SuffixSpeculator(TrainingFree):
         if state.root[:2] != key:
             state.root = (*key, self.match(state, self.context(state, pending, []))[0])
         return state.root[2]
+
+    def min_chain_prob(self) -> float:
+        return self.config.min_chain_prob
 
     def offers_chains(self) -> bool:
         return self.config.branches > 0

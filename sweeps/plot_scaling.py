@@ -1,11 +1,13 @@
 """The data-scaling study's figure and table: acceptance against training tokens.
 
-    python -m speclab.sweeps.plot_scaling --runs DIR [--out docs/data_scaling.svg] [--markdown]
+    python -m speclab.sweeps.plot_scaling --runs DIR [--runs DIR ...] [--out docs/data_scaling.svg] [--markdown]
 
 One point per counted run (completed, checked lossless, speedup measured: table.counts):
 x = the training tokens it trained on (every stage's, log scale), y = its mean acceptance
-length, one line per recipe x family; the training-free baselines scored in the same sweep
-are drawn as dashed horizontal lines. `--markdown` prints the table (tokens x recipe x
+length, one line per recipe x family; the training-free baselines scored in the same sweeps
+are drawn per family: a dashed line, or a band from the lowest to the highest where several
+sweeps (or budgets) scored it. `--runs` may repeat: a study whose cells ran as several sweeps
+is drawn as one grid. `--markdown` prints the table (tokens x recipe x
 family: acceptance length, per-position rates, speedup, data and training seconds). The
 recipe is read from the run's resolved config (stages: two_stage; a code_corpus source:
 teacher_forced; otherwise self_distilled). Every figure comes from result.json.
@@ -51,9 +53,10 @@ def _data_seconds(data: dict) -> float | None:
     return total
 
 
-def points(runs_dir: Path) -> tuple[list[dict], list[dict]]:
-    """(learned runs as scaling points, baselines): figures read from each result.json."""
-    return points_of(load_rows(runs_dir))
+def points(*runs_dirs: Path) -> tuple[list[dict], list[dict]]:
+    """(learned runs as scaling points, baselines): figures read from each result.json of
+    every directory given."""
+    return points_of([row for runs_dir in runs_dirs for row in load_rows(runs_dir)])
 
 
 def points_of(rows: list[dict]) -> tuple[list[dict], list[dict]]:
@@ -93,6 +96,17 @@ def markdown(learned: list[dict], baselines: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def baseline_ranges(baselines: list[dict]) -> list[tuple[str, float, float, str]]:
+    """Per baseline family: (family, lowest and highest acceptance, its speedups as text)."""
+    ranges = []
+    for family in sorted({b["family"] for b in baselines}):
+        scored = [b for b in baselines if b["family"] == family]
+        lengths, speedups = [b["acceptance_length"] for b in scored], sorted(b["speedup"] for b in scored)
+        text = f"{speedups[0]:.2f}x" if speedups[0] == speedups[-1] else f"{speedups[0]:.2f}-{speedups[-1]:.2f}x"
+        ranges.append((family, min(lengths), max(lengths), text))
+    return ranges
+
+
 def svg(learned: list[dict], baselines: list[dict], title: str) -> str:
     """Acceptance length against log10(tokens): a polyline per recipe x family."""
     values = [p["acceptance_length"] for p in learned] + [b["acceptance_length"] for b in baselines]
@@ -122,11 +136,15 @@ def svg(learned: list[dict], baselines: list[dict], title: str) -> str:
         out.append(f'<text x="{LEFT - 6}" y="{y(value) + 4}" text-anchor="end">{value:.2f}</text>')
     out.append(f'<text x="14" y="{y((lo_y + hi_y) / 2)}" transform="rotate(-90 14 {y((lo_y + hi_y) / 2)})" '
                'text-anchor="middle">mean acceptance length</text>')
-    for b in baselines:
-        yy = y(b["acceptance_length"])
-        out.append(f'<line x1="{LEFT}" y1="{yy}" x2="{LEFT + plot_w}" y2="{yy}" stroke="#999" stroke-dasharray="4 3"/>')
-        out.append(f'<text x="{LEFT + plot_w - 4}" y="{yy - 4}" text-anchor="end" fill="#666">'
-                   f'{escape(b["family"])} {b["speedup"]:.2f}x</text>')
+    for family, lo, hi, speedups in baseline_ranges(baselines):
+        top, bottom = y(hi), y(lo)
+        if hi > lo:  # several scorings of one baseline: their range, not a line each
+            out.append(f'<rect x="{LEFT}" y="{top:.1f}" width="{plot_w}" height="{bottom - top:.1f}" fill="#999" '
+                       'fill-opacity="0.15"/>')
+        out.append(f'<line x1="{LEFT}" y1="{top:.1f}" x2="{LEFT + plot_w}" y2="{top:.1f}" stroke="#999" '
+                   'stroke-dasharray="4 3"/>')
+        out.append(f'<text x="{LEFT + plot_w - 4}" y="{top - 4:.1f}" text-anchor="end" fill="#666">'
+                   f'{escape(family)} {speedups}</text>')
     series: dict[tuple[str, str], list[dict]] = {}
     for p in learned:
         series.setdefault((p["recipe"], p["family"]), []).append(p)
@@ -145,17 +163,20 @@ def svg(learned: list[dict], baselines: list[dict], title: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=Path, required=True, help="a runs directory (e.g. a data_scaling sweep's)")
+    parser.add_argument("--runs", type=Path, action="append", required=True,
+                        help="a runs directory (e.g. a data_scaling sweep's); repeat it to draw several as one grid")
     parser.add_argument("--out", type=Path, default=None, help="write the SVG figure here")
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     parser.add_argument("--title", default="Mean acceptance length against training tokens")
     args = parser.parse_args(argv)
-    if not args.runs.is_dir():
-        print(f"error: {args.runs} is not a directory", file=sys.stderr)
+    missing = [str(d) for d in args.runs if not d.is_dir()]
+    if missing:
+        print(f"error: not a directory: {', '.join(missing)}", file=sys.stderr)
         return 2
-    learned, baselines = points(args.runs)
+    learned, baselines = points(*args.runs)
     if not learned:
-        print(f"error: no counted learned runs with training tokens under {args.runs}", file=sys.stderr)
+        print(f"error: no counted learned runs with training tokens under {', '.join(map(str, args.runs))}",
+              file=sys.stderr)
         return 1
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

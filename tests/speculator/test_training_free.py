@@ -139,6 +139,21 @@ def test_suffix_speculation_length_follows_the_match_length():
     assert top2.tolist() == [0.0] * 5  # ceil(2 * 3) = 6 >= 5 confident drafts
 
 
+def test_suffix_chains_stop_where_their_probability_falls_below_min_chain_prob():
+    # One-token patterns: after 5 came 6 twice and 7 twice (1/2 each, 6 first on the tie),
+    # after 6 and 7 always 5. The greedy chain from pending 5 is 6 5 6 5 6 5, its
+    # probability 1/2 1/2 1/4 1/4 1/8 1/8 after each draft.
+    prompt = [5, 6, 5, 7, 5, 6, 5, 7]
+    params = {"global_outputs": False, "max_pattern": 1, "spec_factor": 8.0}
+    drafts = {}
+    for floor in (0.0, 0.3, 0.2, 0.5, 0.6):
+        spec = build_speculator("suffix", {**params, "min_chain_prob": floor}, info())
+        drafts[floor] = spec.propose_tokens(started(spec, prompt), torch.tensor([[5]]), 6)[0].tolist()
+    assert drafts == {0.0: [6, 5, 6, 5, 6, 5], 0.3: [6, 5], 0.2: [6, 5, 6, 5], 0.5: [6, 5], 0.6: []}
+    with pytest.raises(ValueError, match="min_chain_prob"):
+        build_speculator("suffix", {"min_chain_prob": 1.5}, info())
+
+
 def test_suffix_ranks_continuations_by_frequency():
     spec = build_speculator("suffix", {"global_outputs": False}, info())
     state = started(spec, [1, 2, 1, 3, 1, 3, 1, 3, 1, 2, 0])

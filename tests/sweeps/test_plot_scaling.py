@@ -54,3 +54,17 @@ def test_no_learned_run_is_an_error(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert main(["--runs", str(tmp_path / "empty")]) == 1
     assert "no counted learned runs" in capsys.readouterr().err
+
+
+def test_several_runs_dirs_make_one_grid_and_a_baseline_scored_twice_is_a_band(tmp_path, capsys):
+    run(tmp_path / "a", "sd-30k", "hydra", [30_000], 1.4)
+    run(tmp_path / "a", "suffix-a", "suffix", [0], 2.2, speedup=1.6)
+    run(tmp_path / "b", "sd-300k", "hydra", [300_000], 1.5)
+    run(tmp_path / "b", "suffix-b", "suffix", [0], 2.3, speedup=1.8)
+    out = tmp_path / "fig.svg"
+    assert main(["--runs", str(tmp_path / "a"), "--runs", str(tmp_path / "b"), "--out", str(out)]) == 0
+    svg = out.read_text()
+    assert svg.count("<circle") == 2 and svg.count("<polyline") == 1  # one line through both sweeps' points
+    assert svg.count("<rect") == 1 + 1 and "suffix 1.60-1.80x" in svg  # the legend's swatch and the band
+    assert main(["--runs", str(tmp_path / "a"), "--runs", str(tmp_path / "nowhere")]) == 2
+    assert "nowhere" in capsys.readouterr().err
