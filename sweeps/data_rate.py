@@ -5,8 +5,9 @@
 
 Each source is built to the same budget of training tokens (tokens with a loss) in a fresh
 temporary cache, then its target-feature cache; the table gives both rates. Generation
-dominates the self-distilled sources; a teacher-forced corpus costs tokenising and one
-target pass per token.
+dominates the self-distilled sources, whose feature cache is a copy of the hidden states
+their generation kept (on the lean runtime: `from_generation`); a teacher-forced corpus
+costs tokenising and one target pass per token.
 """
 
 from __future__ import annotations
@@ -40,12 +41,13 @@ def measure(cfg, target, source: str, max_tokens: int, root: Path, exclude: list
     data_s = time.perf_counter() - t0
     store = build_feature_store(target, data.train, data.fingerprint, root / source / "features",
                                 dtype=cfg.training.feature_dtype, batch_size=cfg.training.feature_batch_size,
-                                progress=False)
+                                progress=False, generated=data.hidden)
     features = cache_report(store)
     return {"source": source, "examples": data.stats["cache"]["examples"], "tokens": data.stats["cache"]["tokens"],
             "train_tokens": data.stats["cache"]["loss_tokens"], "data_s": round(data_s, 2),
             "data_train_tok_s": round(data.stats["cache"]["loss_tokens"] / data_s, 1),
-            "feature_s": features["seconds"], "feature_tok_s": features["tok_s"]}
+            "feature_s": features["seconds"], "feature_tok_s": features["tok_s"],
+            "from_generation": bool(features.get("from_generation"))}
 
 
 def main(argv: list[str] | None = None) -> int:

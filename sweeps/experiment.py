@@ -78,7 +78,7 @@ def prepare(cfg: DictConfig) -> Prepared:
             build_config(cfg.speculator.family, _params(cfg.speculator)), target.num_layers)
         stores = [build_feature_store(target, d.train, d.fingerprint, cache_root() / "features",
                                       dtype=cfg.training.feature_dtype, batch_size=cfg.training.feature_batch_size,
-                                      layer_ids=layer_ids) for d in stages]
+                                      layer_ids=layer_ids, generated=d.hidden) for d in stages]
         stats["feature_cache"] = [cache_report(s) for s in stores]
         log.info("feature caches (tokens, bytes, seconds, tok/s): %s", stats["feature_cache"])
         counts = sum(assistant_token_counts(s, target.vocab_size) for s in stores)

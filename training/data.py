@@ -10,6 +10,11 @@ ids + loss mask (responses generated greedily by the target for self_distill and
 code_prompts) -> cached bundle. The build runs in rounds (data_rounds.py) until
 `data.max_tokens` training tokens are there; a later, bigger budget appends rounds to the
 cached bundle, and a smaller one trains on a prefix of it.
+
+Self-distilled bundles generated on the lean runtime also hold `hidden.npy`: the target's
+hidden state at every token of every example ([tokens, H] fp32, the rows a feature cache
+stores), kept while the answers were generated, so the feature cache is a copy of it
+(`DataBundle.hidden`), not a second pass of the target over the data.
 """
 
 from __future__ import annotations
@@ -22,13 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import datasets
+import numpy as np
 
 from speclab.speculator.target import FrozenTarget
 from speclab.speculator.targets import cache_root
 
 from speclab.speculator.cache_lock import build_lock
-from .data_cache import (bundle_bytes, data_fingerprint, new_work_dir, publish, read_bundle, replace_bundle,
-                         write_bundle)
+from .data_cache import (HIDDEN_FILE, bundle_bytes, data_fingerprint, new_work_dir, publish, read_bundle,
+                         replace_bundle, write_bundle)
 from .data_config import SOURCES, DataConfig
 from .data_rounds import Growth, add_stats, next_round, split_records, with_rates
 from .data_sources import datasets_progress
@@ -53,6 +59,9 @@ class DataBundle:
     # seconds and tokens/s; `cache`: the whole bundle's tokens, bytes, seconds, tok/s
     from_cache: bool = False  # loaded from an earlier build, nothing generated
     built_now: dict | None = None  # what this call built or appended: examples, tokens, seconds
+    # The target's hidden states at every token of `train` ([tokens, H] fp32, read-only map of
+    # the bundle's hidden.npy), where generation kept them; None otherwise.
+    hidden: np.ndarray | None = None
 
 
 def build_dataset(target: FrozenTarget, cfg: DataConfig, cache_dir: Path | None = None,
@@ -89,7 +98,8 @@ def build_dataset(target: FrozenTarget, cfg: DataConfig, cache_dir: Path | None 
             work = new_work_dir(root, fingerprint)
             try:
                 with datasets_progress(progress):
-                    train, heldout, meta = _grow(target, cfg, cached, work, progress, exclude)
+                    train, heldout, meta = _grow(target, cfg, cached, work, progress, exclude,
+                                                 final if cached is not None else None)
                     appended = meta["appended"] = _added(appended, meta["appended"])
                     write_bundle(work, fingerprint, train, heldout,
                                  {"config": dataclasses.asdict(cfg), "target": target.name, **meta})
@@ -120,9 +130,9 @@ def _covers(meta: dict, cfg: DataConfig) -> bool:
 
 
 def _grow(target: FrozenTarget, cfg: DataConfig, start, work: Path, progress: bool,
-          exclude: list[str]) -> tuple[datasets.Dataset, list[dict], dict]:
-    """One more round on `start` (a cached bundle, or None; build_dataset loops until the
-    budget is met). Returns the whole train set, the held-out rows and the meta the next
+          exclude: list[str], previous: Path | None = None) -> tuple[datasets.Dataset, list[dict], dict]:
+    """One more round on `start` (a cached bundle read from `previous`, or None; build_dataset
+    loops until the budget is met). Returns the whole train set, the held-out rows and the meta the next
     round or extension continues from."""
     t0 = time.perf_counter()
     old, heldout, meta = start if start is not None else (None, [], {})
@@ -141,6 +151,7 @@ def _grow(target: FrozenTarget, cfg: DataConfig, start, work: Path, progress: bo
     lengths += [len(e.input_ids) for e in new]
     loss_tokens += [sum(e.loss_mask) for e in new]
     round_ends.append(len(lengths))
+    _write_hidden(work, previous, rnd, cfg.max_seq_len, sum(lengths[: len(lengths) - len(new)]))
     stats = add_stats(stats, {**rnd.stats, "dropped_without_loss": len(examples) - len(new)})
     growth.rounds, growth.keys, growth.exhausted = growth.rounds + 1, growth.keys + rnd.keys, rnd.exhausted
     growth.empty_rounds = 0 if new else growth.empty_rounds + 1
@@ -157,6 +168,43 @@ def _grow(target: FrozenTarget, cfg: DataConfig, start, work: Path, progress: bo
                             "lengths": lengths, "loss_tokens": loss_tokens, "round_ends": round_ends,
                             "appended": {"examples": len(new), "tokens": sum(lengths[len(lengths) - len(new):]),
                                          "seconds": round(time.perf_counter() - t0, 3)}}
+
+
+def _write_hidden(work: Path, previous: Path | None, rnd, max_seq_len: int, old_tokens: int) -> None:
+    """The bundle's hidden.npy: the previous bundle's rows, then this round's (cut and
+    filtered as its examples are). Written only when every round so far kept them."""
+    if rnd.hidden is None:
+        return
+    old = _hidden_of(previous, old_tokens) if old_tokens else None
+    if old_tokens and old is None:
+        return  # an earlier round has none: a partial file would not line up with the examples
+    rows = [h[:max_seq_len].numpy() for e, h in zip(rnd.examples, rnd.hidden) if any(e.loss_mask[:max_seq_len])]
+    width = rows[0].shape[1] if rows else (old.shape[1] if old is not None else 0)
+    total = old_tokens + sum(len(r) for r in rows)
+    array = np.lib.format.open_memmap(work / HIDDEN_FILE, mode="w+", dtype=np.float32, shape=(total, width))
+    if old is not None:
+        array[:old_tokens] = old
+    at = old_tokens
+    for r in rows:
+        array[at : at + len(r)] = r
+        at += len(r)
+    array.flush()
+
+
+def _hidden_of(path: Path | None, tokens: int) -> np.ndarray | None:
+    """The bundle's hidden.npy as a read-only map, if it exists and has one row per token."""
+    if path is None or not (path / HIDDEN_FILE).is_file():
+        return None
+    try:
+        hidden = np.load(path / HIDDEN_FILE, mmap_mode="r")
+    except Exception as exc:  # the manifest matched, so this is a file of an unexpected layout
+        log.warning("data cache %s: unreadable %s (%s); features will run the target", path, HIDDEN_FILE, exc)
+        return None
+    if hidden.ndim != 2 or hidden.shape[0] != tokens or hidden.dtype != np.float32:
+        log.warning("data cache %s: %s has shape %s for %d tokens; features will run the target",
+                    path, HIDDEN_FILE, hidden.shape, tokens)
+        return None
+    return hidden
 
 
 def _select(train: datasets.Dataset, heldout: list[dict], meta: dict, cfg: DataConfig, fingerprint: str,
@@ -184,5 +232,6 @@ def _select(train: datasets.Dataset, heldout: list[dict], meta: dict, cfg: DataC
     if cfg.max_tokens and sum(loss_tokens[:n]) < cfg.max_tokens:
         log.warning("data source exhausted: %d training tokens of data.max_tokens=%d", sum(loss_tokens[:n]),
                     cfg.max_tokens)
+    hidden = _hidden_of(path, sum(lengths))
     return DataBundle(train.select(range(n)) if n < len(train) else train, heldout, fingerprint, path, stats, from_cache,
-                      None if from_cache else meta["appended"])
+                      None if from_cache else meta["appended"], None if hidden is None else hidden[: sum(lengths[:n])])

@@ -1,10 +1,11 @@
 """The built data set on disk, keyed by a fingerprint of everything it depends on.
 
 A bundle directory holds `train/` (a saved `datasets.Dataset`), `heldout.jsonl`,
-`meta.json` (config, stats) and, written last, the `COMPLETE` marker: a manifest of every
-file's sha256. It is built in a temporary sibling directory and renamed into place, so a
-reader never sees half a bundle; one whose marker is missing or whose files do not match
-it is removed and rebuilt.
+`meta.json` (config, stats), `hidden.npy` for self-distilled data generated on the lean
+runtime (the target's hidden states at every token, training/data.py) and, written last,
+the `COMPLETE` marker: a manifest of every file's sha256. It is built in a temporary
+sibling directory and renamed into place, so a reader never sees half a bundle; one whose
+marker is missing or whose files do not match it is removed and rebuilt.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 
 DATA_FORMAT_VERSION = 1  # bump when what a bundle holds, or how it is built, changes
 COMPLETE_MARKER = "COMPLETE"
-TRAIN_DIR, HELDOUT_FILE, META_FILE = "train", "heldout.jsonl", "meta.json"
+TRAIN_DIR, HELDOUT_FILE, META_FILE, HIDDEN_FILE = "train", "heldout.jsonl", "meta.json", "hidden.npy"
 
 
 # --- fingerprint ---------------------------------------------------------------------------

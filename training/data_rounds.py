@@ -53,6 +53,9 @@ class Round:
     keys: list[str]
     stats: dict  # additive counts and seconds (rates are derived by `with_rates`)
     exhausted: bool
+    # Per example, the target's hidden state at each of its tokens ([len, H] fp32), when the
+    # round's generation computed them (self-distilled answers on the lean runtime).
+    hidden: list | None = None
 
 
 def round_seed(seed: int, r: int) -> int:
@@ -119,7 +122,8 @@ def _distilled_round(target: FrozenTarget, cfg: DataConfig, growth: Growth, prog
         "response_gen_seconds": replies.seconds, "response_gen_tokens": replies.new_tokens,
         "response_gen_prompts": len(train), "responses_truncated": replies.finished.count(False),
     }
-    return Round(examples, heldout, [normalise(rec.key) for rec in heldout + train], stats, exhausted=not train)
+    return Round(examples, heldout, [normalise(rec.key) for rec in heldout + train], stats, exhausted=not train,
+                 hidden=replies.hidden)
 
 
 def _split_rank(seed: int, key: str) -> str:

@@ -6,6 +6,13 @@ head only at the rows a loss needs, which is cheap next to storing [T, V] logits
 (49,152 floats per token for SmolLM2 vs 576). The cache is keyed by the data's
 fingerprint, the target and the dtype, so every run of a sweep shares one.
 
+Self-distilled data generated on the lean runtime already holds these rows (the data
+bundle's hidden.npy, kept while the answers were generated): given them (`generated`),
+the store is filled by a copy, or a hard link of that file for fp32, instead of a second
+pass of the target over the data. The rows are what the pass computes: the runtime's
+kernels give a token the same hidden state whether it came in a prompt's prefill or a
+decoding step (tests/training/test_features.py checks it against a pass).
+
 Families that read intermediate target layers (eagle3) get them from the same store: one
 memmap per layer id, `layer_<id>.npy`, computed on demand in a separate pass over the data
 when a run asks for an id the store lacks, so runs needing different layer sets share the
@@ -46,7 +53,9 @@ class FeatureStore:
     hidden: np.ndarray  # [N, H] memory-mapped
     dtype: str
     layers: dict[int, np.ndarray] = field(default_factory=dict)  # id -> [N, H] memory-mapped
-    built_now: dict | None = None  # {"tokens", "seconds"} the target ran for in this call (None: all reused)
+    # {"tokens", "seconds"} the target ran for in this call, and "copied" rows taken from the
+    # data's generation (None: all reused)
+    built_now: dict | None = None
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -96,35 +105,41 @@ def feature_fingerprint(data_fingerprint: str, target: FrozenTarget, dtype: str)
 
 def build_feature_store(target: FrozenTarget, examples, data_fingerprint: str, cache_dir: Path,
                         dtype: str = "fp32", batch_size: int = 8, progress: bool = True,
-                        layer_ids: Sequence[int] = ()) -> FeatureStore:
+                        layer_ids: Sequence[int] = (), generated: np.ndarray | None = None) -> FeatureStore:
     """Run the target teacher-forced over every example once; reuse the cache after.
-    `layer_ids` (HF hidden_states ids) are added to the store by an extra pass when missing."""
+    `layer_ids` (HF hidden_states ids) are added to the store by an extra pass when missing.
+    `generated`: the examples' hidden states, [tokens, H] fp32 (DataBundle.hidden); copied in
+    place of the pass when it has exactly one row per token of `examples`."""
     if dtype not in _NP_DTYPES:
         raise ValueError(f"unknown feature_dtype {dtype!r}; valid: {sorted(_NP_DTYPES)}")
     out = cache_dir / feature_fingerprint(data_fingerprint, target, dtype)
-    passes = []  # (tokens, seconds) of each target pass this call made
+    if generated is not None and generated.shape != (sum(len(e["input_ids"]) for e in examples), target.hidden_size):
+        generated = None  # not these examples' rows: the pass computes them
+    passes = []  # (tokens, seconds, rows copied from `generated`) of each build step this call made
     store = _complete_store(out)
     if store is None:
         with build_lock(out):  # a second writer waits here, then reuses the first one's store
             store = _complete_store(out)
             if store is None:
                 shutil.rmtree(out, ignore_errors=True)  # absent or damaged: rebuilt, never trusted
-                passes.append(_write_feature_store(target, examples, out, dtype, batch_size, progress))
+                passes.append(_write_feature_store(target, examples, out, dtype, batch_size, progress, generated))
                 store = open_feature_store(out)
     if not _holds(store, examples):  # a bigger data budget: append the new examples' rows
         with build_lock(out):
             store = open_feature_store(out)
             if not _holds(store, examples):
-                passes.append(_extend_feature_store(target, store, examples, batch_size, progress))
+                passes.append(_extend_feature_store(target, store, examples, batch_size, progress, generated))
                 store = open_feature_store(out)
     if any(not _layer_ok(store, i) for i in layer_ids):
         with build_lock(out):
             missing = sorted({i for i in layer_ids if not _layer_ok(store, i)})  # another run may have added them
             if missing:
-                passes.append(_write_layers(target, store, missing, batch_size, progress))
+                passes.append((*_write_layers(target, store, missing, batch_size, progress), 0))
     store = open_feature_store(out, layer_ids)
     if passes:
-        store.built_now = {"tokens": sum(t for t, _ in passes), "seconds": round(sum(s for _, s in passes), 3)}
+        store.built_now = {"tokens": sum(p[0] for p in passes), "seconds": round(sum(p[1] for p in passes), 3)}
+        if any(p[2] for p in passes):
+            store.built_now["copied"] = sum(p[2] for p in passes)
     return store.head(len(examples)) if len(examples) < len(store) else store
 
 
@@ -193,41 +208,73 @@ def _new_memmap(path: Path, target: FrozenTarget, tokens: int, dtype: str) -> np
     return array
 
 
-def _write_feature_store(target, examples, out: Path, dtype: str, batch_size: int, progress: bool) -> tuple[int, float]:
-    """A new store of every example: (tokens the target ran over, seconds)."""
+def _write_feature_store(target, examples, out: Path, dtype: str, batch_size: int, progress: bool,
+                         generated: np.ndarray | None) -> tuple[int, float, int]:
+    """A new store of every example: (tokens the target ran over, seconds, rows copied)."""
     ids = [list(e["input_ids"]) for e in examples]
     masks = [list(e["loss_mask"]) for e in examples]
     offsets = np.concatenate([[0], np.cumsum([len(x) for x in ids])]).astype(np.int64)
     tmp = work_dir_for(out)  # this writer's own folder: never shared with a concurrent build
     try:
-        seconds = _fill_feature_store(target, ids, masks, offsets, tmp, dtype, batch_size, progress)
+        seconds = _fill_feature_store(target, ids, masks, offsets, tmp, dtype, batch_size, progress, generated)
         publish_dir(tmp, out)
-        return int(offsets[-1]), seconds
+        tokens = int(offsets[-1])
+        return (0, seconds, tokens) if generated is not None else (tokens, seconds, 0)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # gone already unless the build failed
 
 
-def _fill_feature_store(target, ids, masks, offsets, tmp: Path, dtype: str, batch_size: int, progress: bool) -> float:
+def _fill_feature_store(target, ids, masks, offsets, tmp: Path, dtype: str, batch_size: int, progress: bool,
+                        generated: np.ndarray | None) -> float:
     t0 = time.perf_counter()
     np.save(tmp / "offsets.npy", offsets)
     np.save(tmp / "input_ids.npy", np.concatenate([np.asarray(x, dtype=np.int32) for x in ids]))
     np.save(tmp / "loss_mask.npy", np.concatenate([np.asarray(m, dtype=np.uint8) for m in masks]))
-    hidden = _new_memmap(tmp / "hidden.npy", target, int(offsets[-1]), dtype)
-    for i, batch_out, row, n in _target_passes(target, ids, batch_size, progress):
-        _store_rows(hidden, int(offsets[i]), batch_out.hidden[row, :n], dtype)
-    hidden.flush()
-    del hidden
+    if generated is not None:
+        _copy_generated(generated, tmp / "hidden.npy", target, dtype)
+    else:
+        hidden = _new_memmap(tmp / "hidden.npy", target, int(offsets[-1]), dtype)
+        for i, batch_out, row, n in _target_passes(target, ids, batch_size, progress):
+            _store_rows(hidden, int(offsets[i]), batch_out.hidden[row, :n], dtype)
+        hidden.flush()
+        del hidden
     seconds = time.perf_counter() - t0
-    (tmp / COMPLETE_MARKER).write_text(json.dumps({"dtype": dtype, "tokens": int(offsets[-1]), "seconds": seconds}))
+    meta = {"dtype": dtype, "tokens": int(offsets[-1]), "seconds": seconds}
+    if generated is not None:
+        meta["from_generation"] = True
+    (tmp / COMPLETE_MARKER).write_text(json.dumps(meta))
     return seconds
 
 
+_COPY_ROWS = 1 << 14  # rows per chunk when copying generated hidden states (~38 MB at H=576)
+
+
+def _copy_generated(generated: np.ndarray, path: Path, target: FrozenTarget, dtype: str,
+                    into: np.ndarray | None = None, at: int = 0) -> None:
+    """Generated rows into a store's array: `into` from row `at`, else a new file at `path`
+    (a hard link of the generated file itself when it is exactly that file in fp32: no copy,
+    no second copy on disk; both files are only ever replaced, never written in place)."""
+    if into is None:
+        source = getattr(generated, "filename", None)
+        if dtype == "fp32" and source and np.load(source, mmap_mode="r").shape == generated.shape:
+            try:
+                os.link(source, path)
+                return
+            except OSError:  # another filesystem, or links refused: copy
+                pass
+        into = _new_memmap(path, target, len(generated), dtype)
+    for lo in range(0, len(generated), _COPY_ROWS):
+        _store_rows(into, at + lo, torch.from_numpy(np.array(generated[lo : lo + _COPY_ROWS])), dtype)
+    into.flush()
+
+
 def _extend_feature_store(target: FrozenTarget, store: FeatureStore, examples, batch_size: int,
-                          progress: bool) -> tuple[int, float]:
+                          progress: bool, generated: np.ndarray | None) -> tuple[int, float, int]:
     """A new store of every example: the old rows copied, the target run only over the new
-    examples (for the hidden state and every layer file the old store has), then swapped in
-    for the old one (renamed aside first: a reader never sees a mixture). Returns (tokens the
-    target ran over, seconds)."""
+    examples (for the hidden state and every layer file the old store has; the new rows of
+    `generated` copied instead when the store has no layer files), then swapped in for the
+    old one (renamed aside first: a reader never sees a mixture). Returns (tokens the target
+    ran over, seconds, rows copied from `generated`)."""
     old_n, old_tokens = len(store), int(store.offsets[-1])
     new = [list(examples[i]["input_ids"]) for i in range(old_n, len(examples))]
     masks = [list(examples[i]["loss_mask"]) for i in range(old_n, len(examples))]
@@ -248,22 +295,29 @@ def _extend_feature_store(target: FrozenTarget, store: FeatureStore, examples, b
                          np.load(store.path / _layer_file(j), mmap_mode="r"))
         for array, old in arrays.values():
             array[:old_tokens] = old
-        for i, out, row, n in _target_passes(target, new, batch_size, progress, layer_ids):
-            lo = int(offsets[old_n + i])
-            _store_rows(arrays["hidden"][0], lo, out.hidden[row, :n], store.dtype)
-            for j in layer_ids:
-                _store_rows(arrays[j][0], lo, out.layers[j][row, :n], store.dtype)
+        copy = generated is not None and not layer_ids
+        if copy:
+            _copy_generated(generated[old_tokens:], tmp / "hidden.npy", target, store.dtype, arrays["hidden"][0],
+                            old_tokens)
+        else:
+            for i, out, row, n in _target_passes(target, new, batch_size, progress, layer_ids):
+                lo = int(offsets[old_n + i])
+                _store_rows(arrays["hidden"][0], lo, out.hidden[row, :n], store.dtype)
+                for j in layer_ids:
+                    _store_rows(arrays[j][0], lo, out.layers[j][row, :n], store.dtype)
         for array, _ in arrays.values():
             array.flush()
         del arrays
         seconds = time.perf_counter() - t0
         (tmp / COMPLETE_MARKER).write_text(json.dumps({**meta, "tokens": int(offsets[-1]),
-                                                       "seconds": meta.get("seconds", 0.0) + seconds}))
+                                                       "seconds": meta.get("seconds", 0.0) + seconds,
+                                                       "from_generation": bool(meta.get("from_generation")) and copy}))
         aside = store.path.with_name(f".{store.path.name}.old-{os.getpid()}")
         os.replace(store.path, aside)
         publish_dir(tmp, store.path)
         shutil.rmtree(aside, ignore_errors=True)
-        return int(offsets[-1]) - old_tokens, seconds
+        added = int(offsets[-1]) - old_tokens
+        return (0, seconds, added) if copy else (added, seconds, 0)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # gone already unless the build failed
 
@@ -278,6 +332,8 @@ def cache_report(store: FeatureStore) -> dict:
     seconds = meta.get("seconds")
     report = {"tokens": meta["tokens"], "bytes": size, "seconds": None if seconds is None else round(seconds, 3),
               "tok_s": round(meta["tokens"] / seconds, 2) if seconds else None}
+    if meta.get("from_generation"):
+        report["from_generation"] = True  # copied from the data's generation, not a pass of the target
     if store.built_now is not None:
         report["built_now"] = store.built_now
     return report

@@ -7,7 +7,10 @@
    learns exactly the target's greedy behaviour (what lossless greedy decoding verifies).
 
 Both phases generate in batches (the lean runtime's batched generation, or transformers'
-`generate` with left padding on the hf runtime).
+`generate` with left padding on the hf runtime). On the lean runtime the responses phase
+also keeps the target's hidden state at every token of prompt and answer: the feature
+cache's rows, so self-distilled data needs no second, teacher-forced pass
+(training/features.py).
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ class Generated:
     finished: list[bool]  # the reply ended with an end-of-turn token
     new_tokens: int  # tokens generated, padding excluded
     seconds: float
+    # Per prompt, the target's final hidden state at every token of prompt + reply
+    # ([len, H] fp32), when asked for and the lean runtime generated; else None.
+    hidden: list[torch.Tensor] | None = None
 
 
 @dataclass
@@ -68,13 +74,15 @@ def _cut_at_end_of_turn(row: list[int], end_ids: set[int]) -> tuple[list[int], b
     return row, False
 
 
-def _continue(target: FrozenTarget, rows: list[list[int]], gen: GenerationConfig) -> list[list[int]]:
+def _continue(target: FrozenTarget, rows: list[list[int]], gen: GenerationConfig,
+              hidden: list | None = None) -> list[list[int]]:
     """New tokens per prompt: the lean runtime's batched generation (rows at their own
-    lengths, finished rows leave the batch), else transformers' generate with left padding."""
+    lengths, finished rows leave the batch; `hidden` receives each row's hidden states), else
+    transformers' generate with left padding (`hidden` stays empty)."""
     if target.lean is not None:
         rule = SamplingRule(bool(gen.do_sample), float(gen.temperature or 1.0), int(gen.top_k or 0),
                             float(gen.top_p if gen.top_p is not None else 1.0))
-        return generate_batch(target.lean, rows, gen.max_new_tokens, target.eos_token_ids, rule)
+        return generate_batch(target.lean, rows, gen.max_new_tokens, target.eos_token_ids, rule, hidden)
     ids, mask = _left_pad(rows, _pad_id(target), target.device)
     out = target.model.generate(input_ids=ids, attention_mask=mask, generation_config=gen)
     return out[:, ids.shape[1]:].tolist()  # [b, new]
@@ -82,23 +90,31 @@ def _continue(target: FrozenTarget, rows: list[list[int]], gen: GenerationConfig
 
 @torch.no_grad()
 def generate_batched(target: FrozenTarget, prompts: list[list[int]], gen: GenerationConfig,
-                     batch_size: int, desc: str = "generating", progress: bool = True) -> Generated:
+                     batch_size: int, desc: str = "generating", progress: bool = True,
+                     keep_hidden: bool = False) -> Generated:
     """Continue every prompt, `batch_size` at a time (see `_continue`).
 
     Prompts are batched in length order (less padding) and returned in input order.
+    `keep_hidden`: also the target's hidden states per prompt (`Generated.hidden`), where the
+    runtime gives them for every token of every prompt + reply.
     """
     end_ids = target.eos_token_ids
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     replies: list[list[int]] = [[] for _ in prompts]
+    hidden: list[torch.Tensor | None] = [None] * len(prompts)
     finished = [False] * len(prompts)
     new_tokens, t0 = 0, time.perf_counter()
     starts = range(0, len(order), batch_size)
     for start in tqdm(starts, desc=desc, unit="batch", disable=not progress, leave=False):
         idx = order[start : start + batch_size]
-        for i, row in zip(idx, _continue(target, [prompts[i] for i in idx], gen)):
+        kept: list | None = [] if keep_hidden else None
+        for n, (i, row) in enumerate(zip(idx, _continue(target, [prompts[i] for i in idx], gen, kept))):
             replies[i], finished[i] = _cut_at_end_of_turn(row, end_ids)
             new_tokens += len(replies[i])
-    return Generated(replies, finished, new_tokens, time.perf_counter() - t0)
+            if kept and len(kept[n]) == len(prompts[i]) + len(replies[i]):
+                hidden[i] = kept[n]
+    whole = keep_hidden and all(h is not None for h in hidden)  # a row short of its last token: none kept
+    return Generated(replies, finished, new_tokens, time.perf_counter() - t0, hidden if whole else None)
 
 
 def _generation_config(target: FrozenTarget, max_new_tokens: int, **sampling) -> GenerationConfig:
@@ -159,8 +175,10 @@ def response_messages(cfg: DataConfig, prompt: str) -> list[dict]:
 
 def distill_responses(target: FrozenTarget, cfg: DataConfig, prompts: list[str],
                       progress: bool = True) -> tuple[list[Encoded], Generated]:
-    """Answer each prompt greedily with the target; one encoded example per prompt."""
+    """Answer each prompt greedily with the target; one encoded example per prompt (and, on
+    the lean runtime, `Generated.hidden`: each example's feature rows)."""
     contexts = [prompt_ids(target.tokenizer, response_messages(cfg, p)) for p in prompts]
     gen = _generation_config(target, cfg.max_response_tokens, do_sample=False)
-    out = generate_batched(target, contexts, gen, cfg.gen_batch_size, "self-distilling responses", progress)
+    out = generate_batched(target, contexts, gen, cfg.gen_batch_size, "self-distilling responses", progress,
+                           keep_hidden=True)
     return [encode_prompt_reply(c, r) for c, r in zip(contexts, out.replies)], out

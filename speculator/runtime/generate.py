@@ -43,29 +43,52 @@ def choose(logits: torch.Tensor, rule: SamplingRule) -> torch.Tensor:
 
 @torch.no_grad()
 def generate_batch(decoder: LeanDecoder, prompts: list[list[int]], max_new_tokens: int, stop_ids: set[int],
-                   rule: SamplingRule | None = None) -> list[list[int]]:
-    """The new tokens of every prompt (through its first stop token, at most max_new_tokens)."""
+                   rule: SamplingRule | None = None, hidden: list | None = None) -> list[list[int]]:
+    """The new tokens of every prompt (through its first stop token, at most max_new_tokens).
+
+    `hidden`: a list that receives, per prompt, the target's final hidden state (after the
+    final norm, fp32, [len(prompt) + len(reply), D]) at every token of the prompt and of its
+    reply: what a teacher-forced pass over prompt + reply computes, so a feature cache of
+    self-distilled data needs no second pass. A reply's last token is fed once more for it,
+    in the next step's batch (its logits are not used). A row whose last token would run
+    past the model's context gets one row fewer.
+    """
     rule = rule or SamplingRule()
     if not prompts:
         return []
-    cache = decoder.new_cache(rows=len(prompts), max_len=max(len(p) for p in prompts) + max_new_tokens)
+    keep = hidden is not None
+    cache = decoder.new_cache(rows=len(prompts), max_len=max(len(p) for p in prompts) + max_new_tokens + keep)
     device = decoder.device
+    pieces: list[list[torch.Tensor]] = [[] for _ in prompts]  # hidden rows per prompt, in order
     pending = []
     for row, prompt in enumerate(prompts):
         out = decoder.forward(torch.tensor([prompt], device=device), cache, rows=[row], logits_for="last")
         pending.append(out.logits[0, -1])
+        if keep:
+            pieces[row].append(out.hidden[0])
     tokens = choose(torch.stack(pending), rule).tolist()
     replies: list[list[int]] = [[] for _ in prompts]
     active = list(range(len(prompts)))
     while True:
-        still = []
+        still, ended = [], []
         for row, token in zip(active, tokens):
             replies[row].append(token)
             if token not in stop_ids and len(replies[row]) < max_new_tokens:
                 still.append(row)
+            elif keep and cache.lens[row] < cache.max_len:
+                ended.append(row)  # fed once more: the hidden state at its last token
+        if not still and not ended:
+            break
+        fed = still + ended  # rows still going first: the step's first logits are theirs
+        ids = torch.tensor([[replies[r][-1]] for r in fed], device=device)  # [B', 1]
+        out = decoder.forward(ids, cache, rows=fed, logits_for="last")
+        if keep:
+            for n, r in enumerate(fed):
+                pieces[r].append(out.hidden[n])
         if not still:
-            return replies
+            break
         active = still
-        ids = torch.tensor([[replies[r][-1]] for r in active], device=device)  # [B', 1]
-        logits = decoder.forward(ids, cache, rows=active, logits_for="last").logits[:, -1]  # [B', V]
-        tokens = choose(logits, rule).tolist()
+        tokens = choose(out.logits[: len(still), -1], rule).tolist()  # [B'] for the rows still going
+    if keep:
+        hidden.extend(torch.cat(p) for p in pieces)
+    return replies

@@ -247,6 +247,21 @@ def test_batched_greedy_generation_equals_one_prompt_at_a_time(hf_model, choice)
     assert together == [r[: r.index(next(iter(stop))) + 1] if next(iter(stop)) in r else r for r in ref]
 
 
+@pytest.mark.parametrize("choice", BACKENDS)
+def test_generation_keeps_the_hidden_state_a_pass_computes_at_every_token(hf_model, choice):
+    lean = LeanDecoder(hf_model, choice)
+    prompts = [ids(n, seed)[0].tolist() for n, seed in ((3, 1), (9, 2), (5, 3), (12, 4))]
+    stop = {generate_batch(lean, prompts, 14, set())[1][4]}  # a token one reply reaches mid-way
+    hidden = []
+    replies = generate_batch(lean, prompts, 14, stop, hidden=hidden)
+    assert replies == generate_batch(lean, prompts, 14, stop)  # keeping them changes no token
+    assert {len(r) == 14 for r in replies} == {True, False}  # rows end at the budget and at a stop token
+    for prompt, reply, kept in zip(prompts, replies, hidden):
+        teacher_forced = lean.forward(torch.tensor([prompt + reply]), logits_for="none").hidden[0]
+        assert kept.shape == teacher_forced.shape  # the reply's last token included
+        torch.testing.assert_close(kept, teacher_forced, rtol=REL, atol=REL)
+
+
 def test_cache_refuses_a_step_past_its_length(hf_model):
     lean = LeanDecoder(hf_model, "torch")
     cache = lean.new_cache(max_len=8)

@@ -17,3 +17,5 @@ def test_every_source_reaches_the_budget_and_reports_its_rates(capsys):
         assert r["data_s"] > 0 and r["data_train_tok_s"] > 0 and r["feature_tok_s"] > 0
     corpus = rows[-1]
     assert corpus["tokens"] == corpus["train_tokens"]  # teacher-forced: every token has a loss
+    # Self-distilled features are the generation's hidden states; a corpus needs the target's pass.
+    assert [r["from_generation"] for r in rows] == [True, True, False]

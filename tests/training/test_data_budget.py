@@ -252,3 +252,44 @@ def test_the_feature_cache_appends_only_the_new_examples(target, tmp_path, monke
     assert head.bytes_per_token == big.bytes_per_token
     assert features.cache_report(head)["tokens"] == int(big.offsets[-1])
     assert "built_now" not in features.cache_report(head)  # reused whole: nothing computed
+
+
+# --- self-distilled features come from the generation ---------------------------------------
+
+
+def distilled(max_tokens: int) -> DataConfig:
+    return DataConfig(num_prompts=3, heldout_size=1, max_prompt_tokens=48, max_response_tokens=8, gen_batch_size=8,
+                      prompt_sampling_budget=10, system_prompts=["Help with Python."], max_tokens=max_tokens)
+
+
+def test_self_distilled_features_are_the_generations_hidden_states_not_a_second_pass(target, tmp_path, monkeypatch):
+    small = build_dataset(target, distilled(30), tmp_path / "data", progress=False)
+    assert small.hidden.shape == (small.stats["tokens"], target.hidden_size)
+    real = features._target_passes
+    monkeypatch.setattr(features, "_target_passes", lambda *a, **k: pytest.fail("the target ran a feature pass"))
+    first = build_feature_store(target, small.train, small.fingerprint, tmp_path / "features", progress=False,
+                                generated=small.hidden)
+    whole_file = np.load(small.path / "hidden.npy", mmap_mode="r").shape == small.hidden.shape
+    assert ((first.path / "hidden.npy").stat().st_ino == (small.path / "hidden.npy").stat().st_ino) == whole_file
+    big = build_dataset(target, distilled(60), tmp_path / "data", progress=False)  # appends rounds, and their rows
+    grown = build_feature_store(target, big.train, big.fingerprint, tmp_path / "features", progress=False,
+                                generated=big.hidden)
+    bf16 = build_feature_store(target, big.train, big.fingerprint, tmp_path / "features", dtype="bf16",
+                               progress=False, generated=big.hidden)
+    report = features.cache_report(grown)
+    assert report["from_generation"] and report["tokens"] == big.stats["tokens"] > small.stats["tokens"]
+    assert report["built_now"] == {"tokens": 0, "seconds": report["built_now"]["seconds"],
+                                   "copied": big.stats["tokens"] - small.stats["tokens"]}
+    monkeypatch.setattr(features, "_target_passes", real)
+    passed = build_feature_store(target, big.train, big.fingerprint, tmp_path / "passed", progress=False)
+    assert features.cache_report(passed)["built_now"]["tokens"] == big.stats["tokens"]
+    for i in range(len(big.train)):
+        torch.testing.assert_close(grown.example(i)["hidden"], passed.example(i)["hidden"], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(bf16.example(i)["hidden"], passed.example(i)["hidden"], rtol=2**-8, atol=1e-5)
+
+
+def test_data_generated_without_the_lean_runtime_has_features_from_a_pass(tmp_path):
+    from speclab.speculator.targets import tiny_llama
+
+    bundle = build_dataset(tiny_llama(runtime="hf"), distilled(20), tmp_path / "data", progress=False)
+    assert bundle.hidden is None and not (bundle.path / "hidden.npy").exists()
