@@ -113,8 +113,6 @@ def build_feature_store(target: FrozenTarget, examples, data_fingerprint: str, c
     if dtype not in _NP_DTYPES:
         raise ValueError(f"unknown feature_dtype {dtype!r}; valid: {sorted(_NP_DTYPES)}")
     out = cache_dir / feature_fingerprint(data_fingerprint, target, dtype)
-    if generated is not None and generated.shape != (sum(len(e["input_ids"]) for e in examples), target.hidden_size):
-        generated = None  # not these examples' rows: the pass computes them
     passes = []  # (tokens, seconds, rows copied from `generated`) of each build step this call made
     store = _complete_store(out)
     if store is None:
@@ -214,6 +212,7 @@ def _write_feature_store(target, examples, out: Path, dtype: str, batch_size: in
     ids = [list(e["input_ids"]) for e in examples]
     masks = [list(e["loss_mask"]) for e in examples]
     offsets = np.concatenate([[0], np.cumsum([len(x) for x in ids])]).astype(np.int64)
+    generated = _matching(generated, int(offsets[-1]), target)
     tmp = work_dir_for(out)  # this writer's own folder: never shared with a concurrent build
     try:
         seconds = _fill_feature_store(target, ids, masks, offsets, tmp, dtype, batch_size, progress, generated)
@@ -244,6 +243,12 @@ def _fill_feature_store(target, ids, masks, offsets, tmp: Path, dtype: str, batc
         meta["from_generation"] = True
     (tmp / COMPLETE_MARKER).write_text(json.dumps(meta))
     return seconds
+
+
+def _matching(generated: np.ndarray | None, tokens: int, target: FrozenTarget) -> np.ndarray | None:
+    """`generated` if it holds one row per token of the examples being stored, else None (the
+    pass computes them). Checked only where a store is written: a reused store costs nothing."""
+    return generated if generated is not None and generated.shape == (tokens, target.hidden_size) else None
 
 
 _COPY_ROWS = 1 << 14  # rows per chunk when copying generated hidden states (~38 MB at H=576)
@@ -280,6 +285,7 @@ def _extend_feature_store(target: FrozenTarget, store: FeatureStore, examples, b
     masks = [list(examples[i]["loss_mask"]) for i in range(old_n, len(examples))]
     lengths = np.cumsum([len(x) for x in new], dtype=np.int64)
     offsets = np.concatenate([store.offsets, old_tokens + lengths]).astype(np.int64)
+    generated = _matching(generated, int(offsets[-1]), target)
     layer_ids = sorted(int(p.stem.split("_")[1]) for p in store.path.glob("layer_*.npy")
                        if _layer_ok(store, int(p.stem.split("_")[1])))
     meta = json.loads((store.path / COMPLETE_MARKER).read_text())
