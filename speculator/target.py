@@ -130,15 +130,19 @@ class FrozenTarget(nn.Module):
         logits_for: Literal["all", "last", "none"] = "all",
         attention_mask: torch.Tensor | None = None,  # [B, past + T], 1 = real token; or [B, 1, T, past + T]
         position_ids: torch.Tensor | None = None,  # [B, T]; default past .. past + T - 1
+        invariant: bool = True,
     ) -> TargetOutput:
         """A 4-D attention_mask is used as given (transformers' custom-mask path): an additive
         float mask in the model's dtype, 0 where a query may attend and dtype-min elsewhere;
-        with explicit position_ids this verifies a token tree in one pass (see `tree_mask`)."""
+        with explicit position_ids this verifies a token tree in one pass (see `tree_mask`).
+        invariant=False: a wide pass whose rows need not equal 1-row passes bit for bit (a
+        prefill, a teacher-forced batch) may take the lean runtime's faster GEMM
+        (runtime/wide_gemm.py)."""
         if self.lean is not None:
             if attention_mask is not None and attention_mask.dtype != torch.bool:
                 raise ValueError("the lean runtime takes a tree mask from tree_mask(), not a padding mask")
             out = self.lean.forward(input_ids, cache, positions=position_ids, mask=attention_mask,
-                                    layer_ids=layer_ids, logits_for=logits_for)
+                                    layer_ids=layer_ids, logits_for=logits_for, invariant=invariant)
             return TargetOutput(logits=out.logits, hidden=out.hidden, layers=out.layers)
         out = self.model.model(
             input_ids=input_ids,

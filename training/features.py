@@ -186,7 +186,7 @@ def _target_passes(target: FrozenTarget, ids: list[list[int]], batch_size: int, 
             batch[row, : lengths[i]] = torch.tensor(ids[i])
         # Right padding needs no attention mask: causal attention never lets a real
         # token see the pads that follow it.
-        out = target(batch.to(target.device), layer_ids=layer_ids, logits_for="none")
+        out = target(batch.to(target.device), layer_ids=layer_ids, logits_for="none", invariant=False)
         for row, i in enumerate(chunk):
             yield i, out, row, int(lengths[i])
         bar.update(int(lengths[chunk].sum()))
@@ -462,7 +462,7 @@ def to_features(batch: dict[str, torch.Tensor], target: FrozenTarget | None = No
         if target is None:
             raise ValueError(f"the batch lacks target features (hidden, layers {tuple(layer_ids)}) "
                              "and no target was given to compute them")
-        out = target(ids.to(target.device), layer_ids=layer_ids, logits_for="none")
+        out = target(ids.to(target.device), layer_ids=layer_ids, logits_for="none", invariant=False)
         hidden = out.hidden.float()
         layers = torch.stack([out.layers[i] for i in layer_ids], 2).float() if layer_ids else None
     # Features.loss_mask[t] asks "is token t+1 worth predicting": shift the token mask left.

@@ -62,7 +62,8 @@ def generate_batch(decoder: LeanDecoder, prompts: list[list[int]], max_new_token
     pieces: list[list[torch.Tensor]] = [[] for _ in prompts]  # hidden rows per prompt, in order
     pending = []
     for row, prompt in enumerate(prompts):
-        out = decoder.forward(torch.tensor([prompt], device=device), cache, rows=[row], logits_for="last")
+        out = decoder.forward(torch.tensor([prompt], device=device), cache, rows=[row], logits_for="last",
+                              invariant=False)
         pending.append(out.logits[0, -1])
         if keep:
             pieces[row].append(out.hidden[0])
@@ -81,7 +82,7 @@ def generate_batch(decoder: LeanDecoder, prompts: list[list[int]], max_new_token
             break
         fed = still + ended  # rows still going first: the step's first logits are theirs
         ids = torch.tensor([[replies[r][-1]] for r in fed], device=device)  # [B', 1]
-        out = decoder.forward(ids, cache, rows=fed, logits_for="last")
+        out = decoder.forward(ids, cache, rows=fed, logits_for="last", invariant=False)
         if keep:
             for n, r in enumerate(fed):
                 pieces[r].append(out.hidden[n])

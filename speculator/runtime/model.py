@@ -17,11 +17,16 @@ hidden = rmsnorm(x); logits = hidden @ Whead^T for the rows asked for.
 `layers` returns transformers' `hidden_states` ids: 0 is the embedding output, i in
 1..L-1 the residual stream after layer i, and L the final normed state (as transformers
 records it), so features match the transformers path one for one.
+
+A pass whose caller allows it (`invariant=False`: prefills, batched generation) and that is
+wide enough runs its linear layers on torch's bf16 GEMM where this machine measured that
+faster (wide_gemm.py: AMX tiles); every other pass is batch-invariant.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Literal, Sequence
 
 import torch
@@ -29,6 +34,7 @@ import torch
 from .cache import StaticKVCache
 from .config import LeanConfig, lean_config, rope_tables
 from .ops import Weight, backend
+from .wide_gemm import WideChoice, WideLinear, wide_choice
 
 
 @dataclass
@@ -39,6 +45,7 @@ class LeanLayer:
     mlp_norm: torch.Tensor  # [D] fp32
     gate_up: Weight
     down: Weight
+    wide: dict[str, WideLinear] | None = None  # the four linears for torch's GEMM (wide passes)
 
 
 @dataclass
@@ -61,11 +68,14 @@ class LeanDecoder:
         self.compiled = compile and self.ops.name == "torch"
         if self.compiled:
             self._project, self._mlp = torch.compile(self._project, dynamic=False), torch.compile(self._mlp, dynamic=False)
+        # Wide passes need bf16 weights: on torch's bf16 GEMM an fp32 target would be rounded.
+        self.wide: WideChoice = wide_choice(self.ops) if self.dtype == torch.bfloat16 else WideChoice()
         body = model.model
         self.embed = body.embed_tokens.weight.detach()  # [V, D], looked up then widened
         self.layers = [self._layer(layer) for layer in body.layers]
         self.norm = body.norm.weight.detach().float().contiguous()
         self.head = self.ops.pack(model.lm_head.weight.detach())
+        self.wide_head = WideLinear(model.lm_head.weight, None) if self.wide.head_rows else None
         # The native backend runs a stretch of layers in one call (no per-kernel Python cost).
         self._stack = self.ops.stack(self.layers) if hasattr(self.ops, "stack") else None
         self.cos, self.sin = (t.to(self.device) for t in rope_tables(
@@ -75,36 +85,54 @@ class LeanDecoder:
         a, m = layer.self_attn, layer.mlp
         qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach()
         bias = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]).detach() if a.q_proj.bias is not None else None
+        weights = {"qkv": qkv, "o": a.o_proj.weight.detach(), "down": m.down_proj.weight.detach(),
+                   "gate_up": torch.cat([m.gate_proj.weight, m.up_proj.weight]).detach()}
         return LeanLayer(
             attn_norm=layer.input_layernorm.weight.detach().float().contiguous(),
             qkv=self.ops.pack(qkv, bias),
-            o=self.ops.pack(a.o_proj.weight.detach()),
+            o=self.ops.pack(weights["o"]),
             mlp_norm=layer.post_attention_layernorm.weight.detach().float().contiguous(),
-            gate_up=self.ops.pack(torch.cat([m.gate_proj.weight, m.up_proj.weight]).detach()),
-            down=self.ops.pack(m.down_proj.weight.detach()),
+            gate_up=self.ops.pack(weights["gate_up"]),
+            down=self.ops.pack(weights["down"]),
+            wide={name: WideLinear(w, bias if name == "qkv" else None) for name, w in weights.items()}
+            if self.wide.layer_rows else None,
         )
 
-    def _project(self, x: torch.Tensor, layer: LeanLayer) -> torch.Tensor:  # [M, D] -> qkv [M, (H + 2KV) hd]
-        return self.ops.linear(self.ops.rmsnorm(x, layer.attn_norm, self.config.rms_eps), layer.qkv)
+    def _linear(self, x: torch.Tensor, layer: LeanLayer, name: str, wide: bool,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+        if wide:
+            return layer.wide[name](x, out=out)
+        return self.ops.linear(x, getattr(layer, name), out=out)
 
-    def _mlp(self, x: torch.Tensor, layer: LeanLayer) -> torch.Tensor:  # x + MLP(x), in place where the ops allow
+    def _project(self, x: torch.Tensor, layer: LeanLayer, wide: bool = False) -> torch.Tensor:
+        """[M, D] -> qkv [M, (H + 2KV) hd]"""
+        return self._linear(self.ops.rmsnorm(x, layer.attn_norm, self.config.rms_eps), layer, "qkv", wide)
+
+    def _mlp(self, x: torch.Tensor, layer: LeanLayer, wide: bool = False) -> torch.Tensor:
+        """x + MLP(x), in place where the ops allow"""
         ops = self.ops
-        hidden = ops.silu_mul(ops.linear(ops.rmsnorm(x, layer.mlp_norm, self.config.rms_eps), layer.gate_up))
-        return ops.linear(hidden, layer.down, out=x)
+        gate_up = self._linear(ops.rmsnorm(x, layer.mlp_norm, self.config.rms_eps), layer, "gate_up", wide)
+        return self._linear(ops.silu_mul(gate_up), layer, "down", wide, out=x)
 
-    def _layers(self, x: torch.Tensor, start: int, stop: int, cache: StaticKVCache, attend: tuple) -> torch.Tensor:
+    def _layers(self, x: torch.Tensor, start: int, stop: int, cache: StaticKVCache, attend: tuple,
+                wide: bool = False) -> torch.Tensor:
         """x [M, D] through layers start..stop-1 (the residual stream after them)."""
         c, ops = self.config, self.ops
         positions, cos, sin, rows, lens, visible, B, T = attend
-        if self._stack is not None:
+        if self._stack is not None and not wide:
             return ops.run_layers(self._stack, x, start, stop, cache.k, cache.v, positions, cos, sin, rows, lens,
                                   visible, B, T, c.num_heads, c.num_kv_heads, c.head_dim, c.rms_eps)
         for i in range(start, stop):
             layer = self.layers[i]
-            attended = ops.attention(self._project(x, layer), positions, cos, sin, cache.k[i], cache.v[i], rows, lens,
-                                     visible, B, T, c.num_heads, c.num_kv_heads, c.head_dim)
-            x = self._mlp(ops.linear(attended, layer.o, out=x), layer)  # x += attention, then x += MLP
+            attended = ops.attention(self._project(x, layer, wide), positions, cos, sin, cache.k[i], cache.v[i], rows,
+                                     lens, visible, B, T, c.num_heads, c.num_kv_heads, c.head_dim)
+            x = self._mlp(self._linear(attended, layer, "o", wide, out=x), layer, wide)  # x += attention, then MLP
         return x
+
+    @staticmethod
+    def _wide(rows: int, invariant: bool, from_rows: int | None) -> bool:
+        """Whether a pass's layers or head of this many rows run on torch's GEMM (wide_gemm.py)."""
+        return not invariant and from_rows is not None and rows >= from_rows
 
     @property
     def backend(self) -> str:
@@ -118,10 +146,14 @@ class LeanDecoder:
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, cache: StaticKVCache | None = None, rows: Sequence[int] | None = None,
                 positions: torch.Tensor | None = None, mask: torch.Tensor | None = None,
-                layer_ids: Sequence[int] = (), logits_for: Literal["all", "last", "none"] = "all") -> LeanOutput:
+                layer_ids: Sequence[int] = (), logits_for: Literal["all", "last", "none"] = "all",
+                invariant: bool = True) -> LeanOutput:
         """input_ids [B, T]; rows: the cache row of each batch row (default 0..B-1); positions
         [B, T] (default each row's cached length onwards); mask [T, T] bool, True where new
-        token i sees new token j (default causal). Without a cache a scratch one is used."""
+        token i sees new token j (default causal). Without a cache a scratch one is used.
+        invariant=False lets a wide pass run on torch's bf16 GEMM where this machine measured
+        it faster (its rows then differ in the last bits from 1-row passes: never for
+        verification)."""
         c = self.config
         B, T = input_ids.shape
         if cache is None:
@@ -147,7 +179,7 @@ class LeanDecoder:
         attend = (positions_d, self.cos, self.sin, rows_d, lens_d, visible_d, B, T)
         start = 0
         for stop in sorted({i for i in wanted if 0 < i < c.num_layers} | {c.num_layers}):
-            x = self._layers(x, start, stop, cache, attend)
+            x = self._layers(x, start, stop, cache, attend, self._wide(B * T, invariant, self.wide.layer_rows))
             if stop < c.num_layers:
                 layers[stop] = x.view(B, T, -1).clone()
             start = stop
@@ -159,5 +191,7 @@ class LeanDecoder:
             logits = None
         else:
             rows_in = hidden[:, -1:] if logits_for == "last" else hidden
-            logits = ops.linear(rows_in.reshape(-1, c.hidden_size).contiguous(), self.head).view(B, rows_in.shape[1], -1)
+            flat = rows_in.reshape(-1, c.hidden_size).contiguous()
+            head = self.wide_head if self._wide(flat.shape[0], invariant, self.wide.head_rows) else partial(ops.linear, w=self.head)
+            logits = head(flat).view(B, rows_in.shape[1], -1)
         return LeanOutput(logits, hidden, layers)

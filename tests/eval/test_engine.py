@@ -39,6 +39,32 @@ def test_speculative_output_equals_plain_output(target, prompt, cls, k):
     assert spec.new_tokens == MAX_NEW
 
 
+@pytest.mark.parametrize("cls", [OracleSpeculator, SometimesSpeculator], ids=lambda c: c.family)
+def test_wide_prefills_keep_speculative_output_equal_to_plain(monkeypatch, prompt, cls):
+    """Prefills on the wide GEMM (forced from 1 row), verification on the invariant kernels:
+    plain and speculative decoding prefill alike, so their outputs stay equal token for token
+    and the oracle's drafts, taken from plain decoding, are all accepted."""
+    monkeypatch.setenv("SPECLAB_WIDE_GEMM", "1")
+    target = tiny_llama(dtype="bf16")
+    if not target.lean.wide.used:
+        pytest.skip("the torch backend runs here (no native kernels): no wide GEMM to choose")
+    plain = generate_plain(target, prompt, MAX_NEW, eos_ids=())
+    speculator, stats = scripted(cls, target, [prompt], MAX_NEW + 4), AcceptanceStats(4)
+    passes = []  # (new tokens, invariant) of every target pass of the speculative run
+    forward = target.lean.forward
+    monkeypatch.setattr(target.lean, "forward", lambda ids, *a, invariant=True, **kw: passes.append(
+        (ids.shape[1], invariant)) or forward(ids, *a, invariant=invariant, **kw))
+    spec = generate_speculative(target, speculator, prompt, MAX_NEW, 4, eos_ids=(), stats=stats)
+    assert spec.tokens == plain.tokens
+    if cls is OracleSpeculator:
+        assert stats.acceptance_rate == 1.0
+    # Only the prefill may leave the invariant kernels: a wide verification would not be
+    # bit for bit what plain decoding computes (the tiny target's greedy tokens survive
+    # that, so the passes are checked themselves).
+    assert passes[0] == (prompt.shape[1], False) and len(passes) > 1
+    assert all(invariant for _, invariant in passes[1:])
+
+
 def test_oracle_accepts_every_draft(target, prompt):
     k = 4
     spec, stats = run_speculative(OracleSpeculator, target, prompt, k)

@@ -1,0 +1,144 @@
+"""Wide passes (a prompt's prefill, batched generation) on torch's bf16 GEMM where it pays.
+
+native.c's GEMM streams weights once per pass and runs at the CPU's fp32 FMA peak once a
+pass has more than a few rows; that is the right kernel for decoding and verification
+(1..30 rows, bandwidth-bound). A 130-token prefill or a 32-row generation step is
+compute-bound instead, and on CPUs with AMX tiles (Intel Sapphire Rapids and later) torch's
+bf16 GEMM (oneDNN) multiplies 4x faster than the FMA peak (docs/results.md). Elsewhere it
+is slower than the native kernels, so whether and from how many rows to use it is measured
+once per machine and remembered (machine_records.py), like pair_choice.py's choice.
+
+Its rows are not bit-for-bit what a 1-row pass computes (inputs and outputs rounded to
+bf16, another summation order), so a pass uses it only when its caller allows
+(`invariant=False`): a request's prefill, the same pass in plain and speculative decoding,
+and batched self-distillation. Verification never does: speculative decoding's output
+equals plain decoding's because its verification rows equal 1-row passes (ops.py).
+SPECLAB_WIDE_GEMM=0 turns it off; SPECLAB_WIDE_GEMM=<rows> forces it from that many rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+
+from .. import machine_records
+
+log = logging.getLogger(__name__)
+RECORDS = "wide-gemm"  # the speclab cache folder of the remembered choices
+# SmolLM2's MLP up-projection (gate and up fused) at the widths the choice can start from.
+PROBE_ROWS, PROBE_OUT, PROBE_IN = (16, 32, 64, 128), 3072, 576
+ROUNDS, CALLS = 5, 4
+# How much faster than the native GEMM torch's must be at a width to be used from it. The
+# LM head is one call either way: a clear win (a probe is short, a machine noisy). The
+# layers are one native call for the whole stack but ~8 calls per layer on the wide path,
+# so the GEMMs must save more than that Python cost: on an AMX Xeon, SmolLM2's 32-token
+# prefill was 11% slower wide although the probe's GEMM was 1.5x faster, and 64 tokens 1.3x
+# faster (docs/results.md).
+HEAD_MARGIN, LAYER_MARGIN = 0.8, 0.6
+RECORD_KEY = [PROBE_ROWS, PROBE_OUT, PROBE_IN, HEAD_MARGIN, LAYER_MARGIN]
+
+
+@dataclass(frozen=True)
+class WideChoice:
+    """From how many rows a pass that allows it (`invariant=False`) runs on torch's GEMM:
+    its LM head, its layers; None: never."""
+
+    head_rows: int | None = None
+    layer_rows: int | None = None
+
+    @property
+    def used(self) -> bool:
+        return self.head_rows is not None or self.layer_rows is not None
+
+
+class WideLinear:
+    """A linear layer's weight [N, K] in bf16 for torch's GEMM, beside its native packing."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        self.weight = weight.detach().to(torch.bfloat16).contiguous()
+        self.bias = None if bias is None else bias.detach().float()
+
+    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """x [M, K] fp32 -> x @ W^T [M, N] fp32; with `out`, adds into it in place."""
+        y = F.linear(x.to(torch.bfloat16), self.weight).float()
+        if self.bias is not None:
+            y += self.bias
+        if out is None:
+            return y
+        return out.add_(y)
+
+
+def wide_choice(native_ops) -> WideChoice:
+    """This machine's choice for passes that allow the wide GEMM (none unless the native
+    kernels are in use: the torch backend is torch's GEMM already)."""
+    if native_ops is None or native_ops.name != "native":
+        return WideChoice()
+    forced = os.environ.get("SPECLAB_WIDE_GEMM")
+    if forced is not None:
+        if not forced.isdigit():
+            raise ValueError(f"SPECLAB_WIDE_GEMM must be 0 (off) or a row count, got {forced!r}")
+        return WideChoice(int(forced) or None, int(forced) or None)
+    return _measured_choice(native_ops.lib)
+
+
+def _rows(record: dict, key: str) -> int | None:
+    value = record.get(key)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ValueError(f"{key}={value!r}")
+    return value
+
+
+@lru_cache(maxsize=None)
+def _measured_choice(lib) -> WideChoice:
+    record = machine_records.read(RECORDS, RECORD_KEY)
+    if record is not None:
+        try:
+            return WideChoice(_rows(record, "head_rows"), _rows(record, "layer_rows"))
+        except ValueError as exc:
+            log.warning("ignoring a malformed wide-GEMM record (%s): measuring again", exc)
+    ms = time_paths(lib)
+
+    def first_win(margin: float) -> int | None:
+        return next((r for r in PROBE_ROWS if ms["torch"][str(r)] < margin * ms["native"][str(r)]), None)
+
+    choice = WideChoice(first_win(HEAD_MARGIN), first_win(LAYER_MARGIN))
+    try:
+        machine_records.write(RECORDS, RECORD_KEY, {"head_rows": choice.head_rows, "layer_rows": choice.layer_rows,
+                                                    "probe_ms": ms, "machine": machine_records.machine_name()})
+    except OSError as exc:  # a read-only cache costs a probe per process, not the run
+        log.warning("could not remember the wide-pass GEMM choice (%s): it is measured again next time", exc)
+    log.info("wide passes: %s (probe ms %s)", choice, ms)
+    return choice
+
+
+def time_paths(lib) -> dict[str, dict[str, float]]:
+    """Median ms per probe width on each path, the paths alternated so that a burst of load
+    hits both."""
+    from .ops import NativeOps
+
+    g = torch.Generator().manual_seed(0)
+    w = (torch.randn(PROBE_OUT, PROBE_IN, generator=g) * 0.02).to(torch.bfloat16)
+    ops = NativeOps(lib)
+    packed, wide = ops.pack(w), WideLinear(w, None)
+    paths = {"native": lambda x: ops.linear(x, packed), "torch": wide}
+    samples: dict[str, dict[int, list[float]]] = {name: {r: [] for r in PROBE_ROWS} for name in paths}
+    xs = {r: torch.randn(r, PROBE_IN, generator=g) for r in PROBE_ROWS}
+    for name, run in paths.items():  # warm both (oneDNN builds its kernel on a shape's first call)
+        for x in xs.values():
+            run(x)
+    for _ in range(ROUNDS):
+        for r, x in xs.items():
+            for name, run in paths.items():
+                start = time.perf_counter()
+                for _ in range(CALLS):
+                    run(x)
+                samples[name][r].append((time.perf_counter() - start) * 1e3 / CALLS)
+    return {name: {str(r): round(statistics.median(v), 4) for r, v in per.items()} for name, per in samples.items()}
+

@@ -1,0 +1,128 @@
+"""Wide passes on torch's bf16 GEMM: the per-machine choice, and the decoder taking it only
+where its caller allows (never for a batch-invariant pass).
+
+The wide path's rows differ from the native kernels' by bf16 rounding of each linear's
+input and output (relative 2^-9 each). The tests' tiny bf16 target has init_std 0.02 (the
+default 0.5 makes a random 2-layer model amplify any rounding by 10-30x): on it the largest
+logit difference measured 0.35-0.53% of the largest logit over five inputs, the layer-1
+state 0.22-0.41%. WIDE_REL = 2% passes that and fails on a real defect (a skipped residual,
+a wrong weight or layer order moves them by O(1)). Greedy tokens are not compared: a random
+model's logits are near ties, and 0-2.5% of its argmaxes moved.
+"""
+
+import pytest
+import torch
+
+from speclab.speculator import machine_records
+from speclab.speculator.runtime import native, wide_gemm
+from speclab.speculator.runtime.wide_gemm import WideChoice, WideLinear
+from speclab.speculator.targets import tiny_llama
+
+WIDE_REL = 0.02
+pytestmark = pytest.mark.skipif(native.load() is None, reason="no C compiler: no native kernels to choose against")
+
+
+class FakeOps:
+    name = "native"
+    lib = "fake-lib"
+
+
+@pytest.fixture
+def fresh(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECLAB_CACHE", str(tmp_path))
+    monkeypatch.delenv("SPECLAB_WIDE_GEMM", raising=False)
+    wide_gemm._measured_choice.cache_clear()
+    yield
+    wide_gemm._measured_choice.cache_clear()
+
+
+def probe(ratios: dict[int, float]) -> dict:
+    """time_paths' answer where torch takes `ratio` of the native time at each width."""
+    return {"native": {str(r): 1.0 for r in wide_gemm.PROBE_ROWS},
+            "torch": {str(r): ratios.get(r, 1.2) for r in wide_gemm.PROBE_ROWS}}
+
+
+def test_each_part_starts_at_the_first_width_that_clearly_pays(fresh, monkeypatch):
+    # The head needs torch under 0.8x native, the layers under 0.6x (the wide path's Python cost).
+    monkeypatch.setattr(wide_gemm, "time_paths", lambda lib: probe({16: 0.9, 32: 0.7, 64: 0.5, 128: 0.3}))
+    assert wide_gemm.wide_choice(FakeOps()) == WideChoice(head_rows=32, layer_rows=64)
+
+
+def test_a_machine_where_torch_never_pays_keeps_the_native_gemm(fresh, monkeypatch):
+    monkeypatch.setattr(wide_gemm, "time_paths", lambda lib: probe({}))
+    choice = wide_gemm.wide_choice(FakeOps())
+    assert choice == WideChoice() and not choice.used
+
+
+def test_the_choice_is_measured_once_and_remembered(fresh, monkeypatch):
+    calls = []
+    monkeypatch.setattr(wide_gemm, "time_paths", lambda lib: calls.append(1) or probe({16: 0.5}))
+    assert wide_gemm.wide_choice(FakeOps()) == WideChoice(16, 16)
+    wide_gemm._measured_choice.cache_clear()  # a new process: the record, not a new measurement
+    monkeypatch.setattr(wide_gemm, "time_paths", lambda lib: pytest.fail("measured twice"))
+    assert wide_gemm.wide_choice(FakeOps()) == WideChoice(16, 16) and calls == [1]
+
+
+def test_a_corrupt_record_is_measured_again(fresh, monkeypatch):
+    machine_records.write(wide_gemm.RECORDS, wide_gemm.RECORD_KEY, {"head_rows": "all", "layer_rows": -3})
+    monkeypatch.setattr(wide_gemm, "time_paths", lambda lib: probe({128: 0.5}))
+    assert wide_gemm.wide_choice(FakeOps()) == WideChoice(128, 128)
+
+
+def test_the_override_and_its_errors(fresh, monkeypatch):
+    monkeypatch.setattr(wide_gemm, "time_paths", lambda lib: pytest.fail("an override measures nothing"))
+    monkeypatch.setenv("SPECLAB_WIDE_GEMM", "0")
+    assert wide_gemm.wide_choice(FakeOps()) == WideChoice()
+    monkeypatch.setenv("SPECLAB_WIDE_GEMM", "24")
+    assert wide_gemm.wide_choice(FakeOps()) == WideChoice(24, 24)
+    monkeypatch.setenv("SPECLAB_WIDE_GEMM", "yes")
+    with pytest.raises(ValueError, match="SPECLAB_WIDE_GEMM"):
+        wide_gemm.wide_choice(FakeOps())
+
+
+def test_the_torch_backend_never_takes_it(fresh, monkeypatch):
+    monkeypatch.setenv("SPECLAB_WIDE_GEMM", "1")
+    assert tiny_llama(dtype="bf16", lean_backend="torch").lean.wide == WideChoice()
+    assert tiny_llama(dtype="fp32").lean.wide == WideChoice()  # fp32 weights would be rounded to bf16
+
+
+def test_wide_linear_adds_its_bias_and_accumulates_in_place():
+    g = torch.Generator().manual_seed(0)
+    w, b, x = torch.randn(5, 8, generator=g), torch.randn(5, generator=g), torch.randn(3, 8, generator=g)
+    linear = WideLinear(w, b)
+    want = x.bfloat16().float() @ w.bfloat16().float().T + b
+    assert torch.allclose(linear(x), want, rtol=1e-2, atol=1e-2)
+    residual = torch.ones(3, 5)
+    assert linear(x, out=residual) is residual and torch.allclose(residual, want + 1, rtol=1e-2, atol=1e-2)
+
+
+@pytest.fixture
+def decoders(monkeypatch):
+    """The tiny bf16 target twice: wide passes forced from 1 row, and never."""
+    monkeypatch.setenv("SPECLAB_WIDE_GEMM", "1")
+    wide = tiny_llama(dtype="bf16", lean_backend="native", init_std=0.02).lean
+    monkeypatch.setenv("SPECLAB_WIDE_GEMM", "0")
+    narrow = tiny_llama(dtype="bf16", lean_backend="native", init_std=0.02).lean
+    assert wide.wide == WideChoice(1, 1) and narrow.wide == WideChoice()
+    return wide, narrow
+
+
+def run(decoder, ids, invariant, rows=1):
+    cache = decoder.new_cache(rows=rows, max_len=ids.shape[1])
+    return decoder.forward(ids, cache, layer_ids=(1,), logits_for="all", invariant=invariant)
+
+
+def test_an_invariant_pass_never_takes_the_wide_gemm(decoders):
+    wide, narrow = decoders
+    ids = torch.randint(0, 300, (2, 40), generator=torch.Generator().manual_seed(1))
+    a, b = run(wide, ids, invariant=True, rows=2), run(narrow, ids, invariant=True, rows=2)
+    assert torch.equal(a.logits, b.logits) and torch.equal(a.layers[1], b.layers[1])
+
+
+def test_a_wide_pass_computes_the_same_model_to_bf16_rounding(decoders):
+    wide, narrow = decoders
+    ids = torch.randint(0, 300, (2, 40), generator=torch.Generator().manual_seed(2))
+    a, b = run(wide, ids, invariant=False, rows=2), run(narrow, ids, invariant=False, rows=2)
+    assert not torch.equal(a.logits, b.logits)  # it did take the other GEMM
+    assert (a.logits - b.logits).abs().max() <= WIDE_REL * b.logits.abs().max()
+    assert (a.layers[1] - b.layers[1]).abs().max() <= WIDE_REL * b.layers[1].abs().max()
