@@ -94,7 +94,7 @@ RULES = [
     _positive("data.max_seq_len"),
     _positive("data.max_prompt_tokens"),
     _positive("data.max_response_tokens"),
-    _positive("data.gen_batch_size"),
+    Rule("data.gen_batch_size", int, 0),  # 0: this machine's choice
     Rule("data.prompt_temperature", float, 0),
     Rule("data.prompt_top_p", float, 0, 1, exclusive_low=True),
     _positive("data.prompt_sampling_budget", float),

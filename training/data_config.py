@@ -87,7 +87,8 @@ class DataConfig:
     max_response_tokens: int = 160
     """Longest greedy assistant response; a longer one is kept, cut at this length."""
     gen_batch_size: int = 16
-    """Prompts per batched `generate` call (left padded)."""
+    """Prompts per batched `generate` call (left padded); 0: this machine's choice
+    (self_distill.generation_batch_size)."""
     prompt_temperature: float = 1.0
     """Sampling temperature for the user turns (responses are always greedy)."""
     prompt_top_p: float = 1.0
@@ -111,10 +112,12 @@ class DataConfig:
             raise ValueError(f"data.source={self.source} needs data.path=<local file>")
         if self.source == "hub" and not self.name:
             raise ValueError("data.source=hub needs data.name=<hub data set id>")
-        positive = ("max_seq_len", "max_prompt_tokens", "max_response_tokens", "gen_batch_size")
+        positive = ("max_seq_len", "max_prompt_tokens", "max_response_tokens")
         for key in positive:
             if getattr(self, key) <= 0:
                 raise ValueError(f"data.{key} must be positive, got {getattr(self, key)}")
+        if self.gen_batch_size < 0:
+            raise ValueError(f"data.gen_batch_size must be positive, or 0 for this machine's choice, got {self.gen_batch_size}")
         if self.num_prompts < 0 or self.heldout_size < 0 or self.max_tokens < 0:
             raise ValueError("data.num_prompts, data.heldout_size and data.max_tokens must be >= 0")
         if self.source in ("self_distill", "code_prompts") and self.num_prompts == 0:

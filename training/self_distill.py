@@ -117,6 +117,23 @@ def generate_batched(target: FrozenTarget, prompts: list[list[int]], gen: Genera
     return Generated(replies, finished, new_tokens, time.perf_counter() - t0, hidden if whole else None)
 
 
+# Prompts per batched generation step where the config leaves it to the machine
+# (data.gen_batch_size=0). Where the target's wide passes run its layers on torch's bf16 GEMM
+# (AMX, wide_gemm.py) a step is compute-bound and wider steps pay: on an AMX Xeon, answering
+# 128 mined prompts ran at 493 / 528 / 593 tok/s at 32 / 64 / 128 prompts per batch. On the
+# native kernels alone 32 was best (an AVX2 Zen 3: 194 / 177 / 202 / 210 tok/s at 16 / 24 /
+# 48 / 32; docs/results.md).
+WIDE_GEN_BATCH, NATIVE_GEN_BATCH = 128, 32
+
+
+def generation_batch_size(target: FrozenTarget, cfg: DataConfig) -> int:
+    """cfg.gen_batch_size, or this machine's choice where it is 0."""
+    if cfg.gen_batch_size > 0:
+        return cfg.gen_batch_size
+    lean = target.lean
+    return WIDE_GEN_BATCH if lean is not None and lean.wide.layer_rows is not None else NATIVE_GEN_BATCH
+
+
 def _generation_config(target: FrozenTarget, max_new_tokens: int, **sampling) -> GenerationConfig:
     return GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=sorted(target.eos_token_ids),
                             pad_token_id=_pad_id(target), **sampling)
@@ -145,11 +162,12 @@ def sample_prompts(target: FrozenTarget, cfg: DataConfig, wanted: int, progress:
     seen: set[str] = set()
     drawn = new_tokens = 0
     seconds = 0.0
+    batch_size = generation_batch_size(target, cfg)
     bar = tqdm(total=wanted, desc="sampling prompts", unit="prompt", disable=not progress, leave=False)
     with torch.random.fork_rng(devices=[target.device] if target.device.type == "cuda" else []):
         torch.manual_seed(cfg.seed)
         while len(kept) < wanted and drawn < budget:
-            n = min(cfg.gen_batch_size, budget - drawn)
+            n = min(batch_size, budget - drawn)
             batch = [prefixes[(drawn + j) % len(prefixes)] for j in range(n)]  # cycle system prompts
             out = generate_batched(target, batch, gen, batch_size=n, progress=False)
             drawn, new_tokens, seconds = drawn + n, new_tokens + out.new_tokens, seconds + out.seconds
@@ -179,6 +197,6 @@ def distill_responses(target: FrozenTarget, cfg: DataConfig, prompts: list[str],
     the lean runtime, `Generated.hidden`: each example's feature rows)."""
     contexts = [prompt_ids(target.tokenizer, response_messages(cfg, p)) for p in prompts]
     gen = _generation_config(target, cfg.max_response_tokens, do_sample=False)
-    out = generate_batched(target, contexts, gen, cfg.gen_batch_size, "self-distilling responses", progress,
+    out = generate_batched(target, contexts, gen, generation_batch_size(target, cfg), "self-distilling responses", progress,
                            keep_hidden=True)
     return [encode_prompt_reply(c, r) for c, r in zip(contexts, out.replies)], out

@@ -92,3 +92,21 @@ def test_responses_are_the_targets_greedy_continuations(target):
         # Teacher-forced argmax at each position before a reply token is that token.
         assert logits[start - 1 : -1].argmax(-1).tolist() == reply
         assert len(reply) == cfg.max_response_tokens or reply[-1] in target.eos_token_ids
+
+
+def test_the_machine_chooses_the_generation_batch_where_the_config_leaves_it_to_it():
+    from types import SimpleNamespace
+
+    from speclab.speculator.runtime.wide_gemm import WideChoice
+    from speclab.training.self_distill import NATIVE_GEN_BATCH, WIDE_GEN_BATCH, generation_batch_size
+
+    def target(wide):
+        return SimpleNamespace(lean=None if wide is None else SimpleNamespace(wide=wide))
+
+    auto = small_config(gen_batch_size=0)
+    assert generation_batch_size(target(WideChoice(32, 64)), auto) == WIDE_GEN_BATCH  # layers run wide: AMX
+    for narrow in (WideChoice(32, None), WideChoice(), None):  # head only, native only, the hf runtime
+        assert generation_batch_size(target(narrow), auto) == NATIVE_GEN_BATCH
+    assert generation_batch_size(target(WideChoice(32, 64)), small_config(gen_batch_size=8)) == 8
+    with pytest.raises(ValueError, match="gen_batch_size"):
+        small_config(gen_batch_size=-1)
