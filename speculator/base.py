@@ -150,6 +150,7 @@ class Speculator(nn.Module):
         fused, head = getattr(objective, "fused", None), self.target_info.lm_head_weight
         fuses = getattr(objective, "fuses", lambda rows, vocab, device: True)  # plain objectives: whenever possible
         target_rows = None if head is None or columns is None else head[columns.to(head.device)]  # [N', H]
+        targets = _TargetLogits(feats.hidden, trainable, self.shift, columns, target_head)
         total, count, metrics = states.new_zeros(()), 0, {}
         for p in range(states.shape[1]):
             lo = self.shift + p  # draft (p, t) guesses the target at position t + lo
@@ -167,8 +168,7 @@ class Speculator(nn.Module):
                     rows, weight, feats.hidden[:, lo:][mask], head if target_rows is None else target_rows)  # [N] each
             else:
                 draft = self.draft_head(p, rows)  # [N, V]
-                with torch.no_grad():
-                    target = target_head(feats.hidden[:, lo:][mask], columns)  # [N, V']
+                target = targets.from_position(lo)  # [N, V']
                 per_row, draft_arg, target_arg = objective(draft, target), draft.argmax(-1), target.argmax(-1)
             total = total + per_row.sum()
             count += per_row.numel()
@@ -275,3 +275,29 @@ class Speculator(nn.Module):
 
 def target_device(target: TargetInfo | None) -> torch.device:
     return target.embed_weight.device if target is not None and target.embed_weight is not None else torch.device("cpu")
+
+
+class _TargetLogits:
+    """The target's logits at every trained position, computed once per batch for all steps.
+
+    Step p of a family reads the target at positions lo = shift + p and later, so each row's
+    logits would otherwise be computed once per step: with 4 steps the target's head (576 x
+    8,192 for SmolLM2's draft vocabulary) ran 4x, the larger part of an `mlp` training step's
+    forward. Rows are in `hidden[:, lo:][trainable[:, lo:]]` order (batch, then position), so
+    a step's rows are the shared rows at positions >= lo."""
+
+    def __init__(self, hidden: torch.Tensor, trainable: torch.Tensor, shift: int, columns, target_head):
+        self.hidden, self.shift, self.columns, self.target_head = hidden, shift, columns, target_head
+        self.needed = trainable.clone()
+        self.needed[:, :shift] = False
+        self.logits: torch.Tensor | None = None  # [M, V'], built at the first step that needs it
+        self.positions: torch.Tensor | None = None  # [M]: each row's position
+
+    def from_position(self, lo: int) -> torch.Tensor:
+        if self.logits is None:
+            with torch.no_grad():
+                self.logits = self.target_head(self.hidden[self.needed], self.columns)
+            B, T = self.needed.shape
+            self.positions = torch.arange(T, device=self.needed.device).expand(B, T)[self.needed]
+        return self.logits if lo <= self.shift else self.logits[self.positions >= lo]  # every row is at >= shift
+

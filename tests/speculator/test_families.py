@@ -202,3 +202,37 @@ def test_reduced_vocab_trains_only_rows_it_can_propose():
     seen = []
     loss, metrics = spec.loss(feats, lambda d, t: seen.append(len(d)) or d.sum(-1) * 0, lambda h, c: h.new_zeros(len(h), len(c)))
     assert seen == [] and metrics == {}
+
+
+@pytest.mark.parametrize("family", ["mlp", "hydra", "medusa"])
+def test_the_targets_logits_are_computed_once_per_batch_and_each_step_reads_its_own_rows(family):
+    """The loss equals a step-by-step reference (each step's rows through the target's head
+    alone), with loss_mask holes so a step reading another step's rows would change it."""
+    info = target_info()
+    spec = build_speculator(family, SMALL[family][0], info)
+    torch.manual_seed(11)
+    B, T = 2, 12
+    feats = Features(torch.randint(0, info.vocab_size, (B, T)), torch.randn(B, T, info.hidden_size),
+                     torch.rand(B, T) > 0.3)
+    weight = info.lm_head_weight
+    head = lambda h, cols: h @ (weight if cols is None else weight[cols]).T  # noqa: E731
+    calls = []
+    kl = lambda d, t: (t.softmax(-1) * (t.log_softmax(-1) - d.log_softmax(-1))).sum(-1)  # noqa: E731
+    loss, _ = spec.loss(feats, kl, lambda h, cols: calls.append(len(h)) or head(h, cols))
+
+    states = spec.draft_states(feats)
+    next_ids = torch.zeros_like(feats.input_ids)
+    next_ids[:, :-1] = feats.input_ids[:, 1:]
+    trainable = feats.loss_mask & spec.vocab.contains(next_ids)
+    columns = None if spec.vocab.full else spec.vocab.ids
+    rows = []
+    for p in range(states.shape[1]):
+        lo = spec.shift + p
+        if lo >= T:
+            break
+        mask = trainable[:, lo:]
+        draft = spec.draft_head(p, states[:, p, : T - lo][mask])
+        rows.append(kl(draft, head(feats.hidden[:, lo:][mask], columns)))
+    reference = torch.cat(rows).mean()
+    assert len(calls) == 1 and states.shape[1] > 1
+    assert loss.item() == pytest.approx(reference.item(), rel=1e-6)
