@@ -55,6 +55,9 @@ def add_parser(commands) -> argparse.ArgumentParser:
     bench.add_argument("--json", dest="json_out", type=Path, default=None, metavar="OUT", help="write the report here")
     bench.add_argument("--no-chat-template", dest="chat_template", action="store_false",
                        help="tokenize raw prompt text instead of rendering the tokenizer's chat template")
+    bench.add_argument("--no-peers", dest="peers", action="store_false",
+                       help="skip transformers' generate and prompt lookup (the assistant's peer stays): "
+                            "on a CPU they take most of a bench's time")
     bench.add_argument("overrides", nargs="*", help="target.KEY=VALUE changes to the recorded target")
     return bench
 
@@ -140,11 +143,10 @@ def build_methods(target, speculators: dict, assistant_dir: Path | None, args, s
     from speclab.eval.tree import TreeConfig, generate_tree
 
     max_new = args.max_new_tokens
-    methods = {
-        "plain": lambda p, n=None: generate_plain(target, p, n or max_new, sampling=sampling),
-        "hf_generate": hf_method(target, max_new, sampling),
-        "hf_prompt_lookup": hf_method(target, max_new, sampling, prompt_lookup_num_tokens=args.k),
-    }
+    methods = {"plain": lambda p, n=None: generate_plain(target, p, n or max_new, sampling=sampling)}
+    if args.peers:
+        methods["hf_generate"] = hf_method(target, max_new, sampling)
+        methods["hf_prompt_lookup"] = hf_method(target, max_new, sampling, prompt_lookup_num_tokens=args.k)
     ks = {}
     if assistant_dir is not None:
         draft = speculators[_name_of(assistant_dir, speculators)][1]

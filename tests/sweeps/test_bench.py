@@ -64,6 +64,11 @@ def test_bench_methods_do_not_share_a_drafters_memory(checkpoints, tmp_path):
     assert methods["spec_suffix"]["acceptance_length"] == methods["tree_union_suffix"]["acceptance_length"]
 
 
+def test_bench_without_peers_runs_only_its_own_methods(checkpoints, tmp_path):
+    methods = run_bench(checkpoints, tmp_path, "--no-peers", "--limit", "1")["overall"]
+    assert set(methods) == {"plain", "hf_assisted", "spec_mlp", "spec_draft_lm"}
+
+
 def test_bench_sampling_skips_the_exact_check(checkpoints, tmp_path):
     report = run_bench(checkpoints, tmp_path, "--temperature", "0.7", "--top-k", "20", "--seed", "3", "--limit", "1")
     assert report["config"]["sampling"]["temperature"] == 0.7
