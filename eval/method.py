@@ -57,7 +57,7 @@ class MethodConfig:
 
     select: Literal["best", "fixed"] = "best"
     """best: pilot every candidate and score the fastest; fixed: score a chain of eval.k."""
-    chain_k: list[int] = field(default_factory=lambda: [1, 2, 4, 6])
+    chain_k: list[int] = field(default_factory=lambda: [1, 2, 4, 6, 8])
     """Chain lengths tried (each capped at the speculator's longest chain)."""
     tree_depth: int = 4
     """Deepest path of the candidate tree (capped at the speculator's longest chain)."""
