@@ -55,5 +55,12 @@ class StaticKVCache:
             t[:, row, :, start : start + n] = t[:, row, :, :].index_select(2, picked)
         self.lens[row] = start + n
 
+    def copy_row(self, src: int, dst: int) -> None:
+        """Row dst becomes a copy of row src's cached positions (the same prompt, prefilled once)."""
+        n = self.lens[src]
+        for t in (self.k, self.v):
+            t[:, dst, :, :n] = t[:, src, :, :n]
+        self.lens[dst] = n
+
     def reset(self, row: int) -> None:
         self.lens[row] = 0

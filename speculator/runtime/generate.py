@@ -1,49 +1,34 @@
 """Batched generation on the lean decoder: many prompts at once, each at its own length.
 
-Each prompt is prefilled into its own cache row (no padding: rows hold different lengths),
-then every step feeds one token per unfinished row in a single pass; a row that ends (an
+Each distinct prompt is prefilled into its own cache row (no padding: rows hold different
+lengths); a prompt that repeats one already prefilled gets a copy of that row (sampling
+user turns feeds the same few chat prefixes to every row: one prefill each, not one per
+row). Then every step feeds one token per unfinished row in a single pass; a row that ends (an
 end token or its budget) leaves the batch, so finished rows stop costing compute. The
-kernels are batch-invariant, so a row's tokens are exactly what decoding it alone gives.
+kernels are batch-invariant, so a row's tokens are exactly what decoding it alone gives
+(where wide passes are off: `invariant=False` lets a wide step take torch's bf16 GEMM).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from .model import LeanDecoder
 
 
-@dataclass
-class SamplingRule:
-    """Greedy when do_sample is False; else temperature, then top-k (0: off), then top-p."""
-
-    do_sample: bool = False
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
+# Chooses each step's tokens from the rows' last logits: logits [B, V] -> tokens [B].
+Chooser = Callable[[torch.Tensor], torch.Tensor]
 
 
-def choose(logits: torch.Tensor, rule: SamplingRule) -> torch.Tensor:
-    """logits [B, V] -> tokens [B] (the global torch RNG when sampling: seed it to repeat)."""
-    if not rule.do_sample:
-        return logits.argmax(-1)
-    scores = logits.float() / max(rule.temperature, 1e-6)
-    if rule.top_k > 0:
-        kth = scores.topk(min(rule.top_k, scores.shape[-1]), dim=-1).values[:, -1:]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    if rule.top_p < 1.0:
-        sorted_scores, order = scores.sort(dim=-1, descending=True)
-        cumulative = sorted_scores.softmax(-1).cumsum(-1)
-        drop = cumulative - sorted_scores.softmax(-1) > rule.top_p  # keep the smallest set reaching top_p
-        scores = scores.scatter(-1, order, sorted_scores.masked_fill(drop, float("-inf")))
-    return torch.multinomial(scores.softmax(-1), 1)[:, 0]
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    return logits.argmax(-1)
 
 
 @torch.no_grad()
 def generate_batch(decoder: LeanDecoder, prompts: list[list[int]], max_new_tokens: int, stop_ids: set[int],
-                   rule: SamplingRule | None = None, hidden: list | None = None) -> list[list[int]]:
+                   choose: Chooser = greedy, hidden: list | None = None) -> list[list[int]]:
     """The new tokens of every prompt (through its first stop token, at most max_new_tokens).
 
     `hidden`: a list that receives, per prompt, the target's final hidden state (after the
@@ -53,7 +38,6 @@ def generate_batch(decoder: LeanDecoder, prompts: list[list[int]], max_new_token
     in the next step's batch (its logits are not used). A row whose last token would run
     past the model's context gets one row fewer.
     """
-    rule = rule or SamplingRule()
     if not prompts:
         return []
     keep = hidden is not None
@@ -61,13 +45,21 @@ def generate_batch(decoder: LeanDecoder, prompts: list[list[int]], max_new_token
     device = decoder.device
     pieces: list[list[torch.Tensor]] = [[] for _ in prompts]  # hidden rows per prompt, in order
     pending = []
+    first_row: dict[tuple[int, ...], int] = {}  # each distinct prompt's prefilled row
     for row, prompt in enumerate(prompts):
+        twin = first_row.setdefault(tuple(prompt), row)
+        if twin != row:  # the same tokens: the same cache, logits and hidden states
+            cache.copy_row(twin, row)
+            pending.append(pending[twin])
+            if keep:
+                pieces[row].append(pieces[twin][0])
+            continue
         out = decoder.forward(torch.tensor([prompt], device=device), cache, rows=[row], logits_for="last",
                               invariant=False)
         pending.append(out.logits[0, -1])
         if keep:
             pieces[row].append(out.hidden[0])
-    tokens = choose(torch.stack(pending), rule).tolist()
+    tokens = choose(torch.stack(pending)).tolist()
     replies: list[list[int]] = [[] for _ in prompts]
     active = list(range(len(prompts)))
     while True:
@@ -89,7 +81,7 @@ def generate_batch(decoder: LeanDecoder, prompts: list[list[int]], max_new_token
         if not still:
             break
         active = still
-        tokens = choose(out.logits[: len(still), -1], rule).tolist()  # [B'] for the rows still going
+        tokens = choose(out.logits[: len(still), -1]).tolist()  # [B'] for the rows still going
     if keep:
         hidden.extend(torch.cat(p) for p in pieces)
     return replies

@@ -248,6 +248,31 @@ def test_batched_greedy_generation_equals_one_prompt_at_a_time(hf_model, choice)
 
 
 @pytest.mark.parametrize("choice", BACKENDS)
+def test_a_repeated_prompt_is_prefilled_once_and_generates_as_if_prefilled_itself(hf_model, choice):
+    lean = LeanDecoder(hf_model, choice)
+    a, b = ids(7, 1)[0].tolist(), ids(4, 2)[0].tolist()
+    prompts = [a, b, a, a, b]
+    prefills = []
+    forward = lean.forward
+
+    def counted(input_ids, *args, **kwargs):
+        if input_ids.shape[1] > 1:
+            prefills.append(input_ids[0].tolist())
+        return forward(input_ids, *args, **kwargs)
+
+    lean.forward = counted
+    hidden = []
+    replies = generate_batch(lean, prompts, 10, set(), hidden=hidden)
+    assert prefills == [a, b]  # one prefill per distinct prompt
+    lean.forward = forward
+    assert replies == [generate_batch(lean, [p], 10, set())[0] for p in prompts]
+    for prompt, kept in zip(prompts, hidden):
+        alone = []
+        generate_batch(lean, [prompt], 10, set(), hidden=alone)
+        torch.testing.assert_close(kept, alone[0], rtol=REL, atol=REL)  # (torch's GEMM: not batch-invariant)
+
+
+@pytest.mark.parametrize("choice", BACKENDS)
 def test_generation_keeps_the_hidden_state_a_pass_computes_at_every_token(hf_model, choice):
     lean = LeanDecoder(hf_model, choice)
     prompts = [ids(n, seed)[0].tolist() for n, seed in ((3, 1), (9, 2), (5, 3), (12, 4))]

@@ -7,7 +7,7 @@ from speclab.training import self_distill
 from speclab.training.data_config import DataConfig
 from speclab.training.data_tokenize import tokenize, user_turn_prefix
 from speclab.training.self_distill import (
-    Generated, distill_responses, generate_batched, sample_prompts)
+    DRAW_MARGIN, SAMPLE_SLICE, Generated, _chooser, _draws_for, distill_responses, generate_batched, sample_prompts)
 
 
 def small_config(**overrides) -> DataConfig:
@@ -77,6 +77,47 @@ def test_sampling_drops_truncated_empty_malformed_and_duplicate_turns(target, mo
     # System prompts are cycled across the samples of a batch.
     expected = [tokenize(tok, user_turn_prefix(tok, s)) for s in ["A", "B"] * 3]
     assert seen_prompts == expected
+
+
+def test_later_draws_are_sized_by_the_yield_of_the_earlier_ones(target, monkeypatch):
+    tok, eos = target.tokenizer, target.tokenizer.eos_token_id
+    made = []
+
+    def fake_generate(target, prompts, gen, batch_size, desc="", progress=True):
+        # Every other turn is truncated (no end-of-turn token): a yield of one half.
+        replies = [tokenize(tok, f"question {len(made) + i}") + ([eos] if (len(made) + i) % 2 else [])
+                   for i in range(len(prompts))]
+        made.extend(replies)
+        return Generated(replies, [r[-1] == eos for r in replies], 1, 0.1)
+
+    monkeypatch.setattr(self_distill, "generate_batched", fake_generate)
+    out = sample_prompts(target, small_config(gen_batch_size=8), wanted=6, progress=False)
+    assert len(out.prompts) == 6
+    # A whole batch of 8 kept 4; the 2 missing at a yield of 1/2, with the margin: 5, not 8.
+    assert out.samples == 8 + 5 == 8 + _draws_for(2, 4, 8, 8)
+    assert _draws_for(35, 77, 128, 128) == 67 == -(-35 * 128 * DRAW_MARGIN // 77)
+    assert _draws_for(5, 0, 128, 128) == 128  # nothing kept yet: no yield to size by
+
+
+def test_the_sampling_chooser_draws_each_row_from_its_own_warped_distribution():
+    sample = _chooser(GenerationConfig(do_sample=True, temperature=1.0, top_k=2, top_p=1.0))
+    rows = 3 * SAMPLE_SLICE + 5  # rows in several slices, the last one short
+    point_masses = torch.full((rows, 50), -1e4)
+    expected = torch.arange(rows) * 7 % 50
+    point_masses[torch.arange(rows), expected] = 0.0
+    assert torch.equal(sample(point_masses), expected)  # each row's own token: no slice misaligned
+
+    torch.manual_seed(0)
+    logits = torch.tensor([[2.0, 1.0, 0.5, -1.0]]).expand(20_000, 4)
+    counts = torch.bincount(sample(logits), minlength=4) / 20_000
+    top2 = torch.softmax(torch.tensor([2.0, 1.0]), -1)
+    assert counts[2:].sum() == 0  # outside top-k: never drawn
+    torch.testing.assert_close(counts[:2], top2, atol=0.015, rtol=0)  # ~5 sigma at 20k draws
+    torch.manual_seed(3)
+    first = sample(logits[:64])
+    torch.manual_seed(3)
+    assert torch.equal(sample(logits[:64]), first)  # seeded: repeatable
+    assert torch.equal(_chooser(GenerationConfig(do_sample=False))(logits[:2]), torch.tensor([0, 0]))
 
 
 def test_responses_are_the_targets_greedy_continuations(target):
