@@ -26,6 +26,14 @@ def greedy(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(-1)
 
 
+def generation_cache_dtype(decoder: LeanDecoder) -> torch.dtype:
+    """The KV cache of batched generation: bf16 for a bf16 target, the precision transformers
+    keeps its cache in. At 128 rows with ~200 cached tokens each, the attention reading an
+    fp32 cache was half of a step (59 of 123 ms on an AMX Xeon); bf16 halves what it reads.
+    Decoding and verification keep fp32 caches: their outputs are unchanged by this."""
+    return torch.bfloat16 if decoder.dtype == torch.bfloat16 else torch.float32
+
+
 @torch.no_grad()
 def generate_batch(decoder: LeanDecoder, prompts: list[list[int]], max_new_tokens: int, stop_ids: set[int],
                    choose: Chooser = greedy, hidden: list | None = None) -> list[list[int]]:
@@ -41,7 +49,8 @@ def generate_batch(decoder: LeanDecoder, prompts: list[list[int]], max_new_token
     if not prompts:
         return []
     keep = hidden is not None
-    cache = decoder.new_cache(rows=len(prompts), max_len=max(len(p) for p in prompts) + max_new_tokens + keep)
+    cache = decoder.new_cache(rows=len(prompts), max_len=max(len(p) for p in prompts) + max_new_tokens + keep,
+                              dtype=generation_cache_dtype(decoder))
     device = decoder.device
     pieces: list[list[torch.Tensor]] = [[] for _ in prompts]  # hidden rows per prompt, in order
     pending = []

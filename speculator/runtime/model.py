@@ -138,10 +138,12 @@ class LeanDecoder:
     def backend(self) -> str:
         return self.ops.name + ("+compile" if self.compiled else "")
 
-    def new_cache(self, rows: int = 1, max_len: int | None = None) -> StaticKVCache:
+    def new_cache(self, rows: int = 1, max_len: int | None = None, dtype: torch.dtype = torch.float32) -> StaticKVCache:
+        """dtype: fp32 (decoding and verification), or bf16 (batched generation of a bf16
+        target, generate.py: half the bytes its attention reads)."""
         c = self.config
         length = min(max_len or c.max_positions, c.max_positions)
-        return StaticKVCache(c.num_layers, rows, c.num_kv_heads, length, c.head_dim, self.device)
+        return StaticKVCache(c.num_layers, rows, c.num_kv_heads, length, c.head_dim, self.device, dtype)
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, cache: StaticKVCache | None = None, rows: Sequence[int] | None = None,

@@ -82,6 +82,41 @@ static inline void load2_bf16(const uint16_t *p, vf *w) {
     memcpy(&w[0], &lo, sizeof lo);
     memcpy(&w[1], &hi, sizeof hi);
 }
+/* fp32 -> bf16, round to nearest even (NaN stays NaN), bit for bit torch's .to(bfloat16). */
+static inline uint16_t to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* Keys and values in the KV cache: fp32, or bf16 (bf16 = 1), the upper half of an fp32 word.
+ * Why bf16: batched generation of a bf16 target reads every row's keys and values once a
+ * step, half of a 128-row step's time in fp32; a bf16 cache halves the bytes, at the
+ * precision transformers keeps a bf16 model's cache in. Element i of the cache at p. */
+static inline __attribute__((always_inline)) vf load_kv(const void *p, int64_t i, int bf16) {
+    if (!bf16) return load_f32((const float *)p + i);
+    const uint16_t *h = (const uint16_t *)p + i;
+#if defined(__AVX512F__)
+    return (vf)_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)h)), 16));
+#elif defined(__AVX2__)
+    return (vf)_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)h)), 16));
+#else
+    vu u;
+    for (int j = 0; j < VL; j++) u[j] = (uint32_t)h[j] << 16;
+    vf v; memcpy(&v, &u, sizeof v); return v;
+#endif
+}
+static inline __attribute__((always_inline)) float kv_at(const void *p, int64_t i, int bf16) {
+    if (!bf16) return ((const float *)p)[i];
+    uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
+    float f; memcpy(&f, &u, sizeof f); return f;
+}
+static inline void store_kv(void *p, int64_t at, const float *x, int n, int bf16) {
+    if (!bf16) { memcpy((float *)p + at, x, n * sizeof(float)); return; }
+    for (int d = 0; d < n; d++) ((uint16_t *)p)[at + d] = to_bf16(x[d]);
+}
+
 /* A vector of x in every lane: one broadcast (`(vf){0} + x` compiled to an add and a
  * broadcast, a lane-by-lane fill to eight inserts). */
 static inline vf splat(float x) {
@@ -209,14 +244,6 @@ typedef void (*micro_dot_fn)(const uint16_t *, int64_t, const uint16_t *, float 
                              const uint16_t *);
 static const micro_dot_fn MICRO_DOT_FNS[TB + 1] = {0, micro_dot_1, micro_dot_2, micro_dot_3, micro_dot_4,
     micro_dot_5, micro_dot_6, micro_dot_7, micro_dot_8, micro_dot_9, micro_dot_10, micro_dot_11, micro_dot_12};
-
-/* fp32 -> bf16, round to nearest even (NaN stays NaN), bit for bit torch's .to(bfloat16). */
-static inline uint16_t to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
 
 /* The calling thread's buffer for the bf16 copy of a GEMM's input rows: grown when a call
  * needs more, kept for the next (as large as the largest call's rows: ~100 KB while decoding,
@@ -404,14 +431,16 @@ static inline float hsum(vf v) {
 /* q . k over hd in two parts: the vector part (one fused multiply-add chain over the
  * vectors, whose lanes are then summed by the halving tree) and the scalar tail (hd mod VL).
  * always_inline so that hd = 64 is a constant where it is one. */
-static inline __attribute__((always_inline)) vf dot_lanes(const float *a, const float *b, int n) {
+static inline __attribute__((always_inline)) vf dot_lanes(const float *a, const void *b, int64_t at, int n,
+                                                          int bf16) {
     vf acc = (vf){0};
-    for (int d = 0; d + VL <= n; d += VL) acc = load_f32(a + d) * load_f32(b + d) + acc;
+    for (int d = 0; d + VL <= n; d += VL) acc = load_f32(a + d) * load_kv(b, at + d, bf16) + acc;
     return acc;
 }
-static inline __attribute__((always_inline)) float dot_tail(const float *a, const float *b, int n) {
+static inline __attribute__((always_inline)) float dot_tail(const float *a, const void *b, int64_t at, int n,
+                                                            int bf16) {
     float s = 0.f;
-    for (int d = n / VL * VL; d < n; d++) s += a[d] * b[d];
+    for (int d = n / VL * VL; d < n; d++) s += a[d] * kv_at(b, at + d, bf16);
     return s;
 }
 
@@ -461,20 +490,21 @@ static void softmax_weights(float *score, int n) {
 }
 
 /* One score: (q . k) * scale, the vector part's lanes summed by hsum. */
-static inline __attribute__((always_inline)) float score_one(const float *q, const float *key, int hd, float scale) {
-    return (hsum(dot_lanes(q, key, hd)) + dot_tail(q, key, hd)) * scale;
+static inline __attribute__((always_inline)) float score_one(const float *q, const void *k, int64_t at, int hd,
+                                                             float scale, int bf16) {
+    return (hsum(dot_lanes(q, k, at, hd, bf16)) + dot_tail(q, k, at, hd, bf16)) * scale;
 }
 
-/* acc[hd] += p[k] * v_k for the n values v_k = v + k * hd, k in order (the vector part in
- * registers across the n values, then the scalar tail). */
-static inline __attribute__((always_inline)) void add_scaled(float *acc, const float *p, const float *v, int n,
-                                                             int hd) {
+/* acc[hd] += p[k] * v_k for the n values v_k at element at + k * hd of v, k in order (the
+ * vector part in registers across the n values, then the scalar tail). */
+static inline __attribute__((always_inline)) void add_scaled(float *acc, const float *p, const void *v, int64_t at,
+                                                             int n, int hd, int bf16) {
     vf a[hd / VL + 1];
     for (int d = 0; d + VL <= hd; d += VL) a[d / VL] = load_f32(acc + d);
     for (int k = 0; k < n; k++) {
-        const float *vk = v + (int64_t)k * hd;
-        for (int d = 0; d + VL <= hd; d += VL) a[d / VL] = splat(p[k]) * load_f32(vk + d) + a[d / VL];
-        for (int d = hd / VL * VL; d < hd; d++) acc[d] += p[k] * vk[d];
+        int64_t vk = at + (int64_t)k * hd;
+        for (int d = 0; d + VL <= hd; d += VL) a[d / VL] = splat(p[k]) * load_kv(v, vk + d, bf16) + a[d / VL];
+        for (int d = hd / VL * VL; d < hd; d++) acc[d] += p[k] * kv_at(v, vk + d, bf16);
     }
     for (int d = 0; d + VL <= hd; d += VL) store_f32(acc + d, a[d / VL]);
 }
@@ -488,9 +518,9 @@ static inline __attribute__((always_inline)) void add_scaled(float *acc, const f
  * So a tree node, whose list of keys is the chain's through its ancestors, gets the chain's
  * bits, and so does a token verified among drafts and decoded alone. */
 static inline __attribute__((always_inline)) void attend_group(
-        const float *const *q, float *const *out, const int *tok, int nq, const float *kbase, const float *vbase,
-        const uint8_t *mask, int T, int past, int hd, float scale, float *score, int stride, int32_t *fresh,
-        int *n_fresh) {
+        const float *const *q, float *const *out, const int *tok, int nq, const void *kv_k, const void *kv_v,
+        int64_t base, const uint8_t *mask, int T, int past, int hd, float scale, float *score, int stride,
+        int32_t *fresh, int *n_fresh, int bf16) {
     for (int i = 0; i < nq; i++) { /* the new tokens each query sees */
         n_fresh[i] = 0;
         for (int j = 0; j < T; j++)
@@ -503,13 +533,13 @@ static inline __attribute__((always_inline)) void attend_group(
             if (nk == VL) {
                 vf lanes[VL], tails;
                 for (int k = 0; k < VL; k++) {
-                    const float *key = kbase + (int64_t)(s0 + k) * hd;
-                    lanes[k] = dot_lanes(q[i], key, hd);
-                    tails[k] = dot_tail(q[i], key, hd);
+                    int64_t key = base + (int64_t)(s0 + k) * hd;
+                    lanes[k] = dot_lanes(q[i], kv_k, key, hd, bf16);
+                    tails[k] = dot_tail(q[i], kv_k, key, hd, bf16);
                 }
                 store_f32(sc, (lane_sums(lanes) + tails) * scale);
             } else {
-                for (int k = 0; k < nk; k++) sc[k] = score_one(q[i], kbase + (int64_t)(s0 + k) * hd, hd, scale);
+                for (int k = 0; k < nk; k++) sc[k] = score_one(q[i], kv_k, base + (int64_t)(s0 + k) * hd, hd, scale, bf16);
             }
         }
     }
@@ -520,13 +550,13 @@ static inline __attribute__((always_inline)) void attend_group(
         for (; f + VL <= n_fresh[i]; f += VL) { /* a prefill's many new tokens: VL at a time too */
             vf lanes[VL], tails;
             for (int k = 0; k < VL; k++) {
-                const float *key = kbase + (int64_t)slots[f + k] * hd;
-                lanes[k] = dot_lanes(q[i], key, hd);
-                tails[k] = dot_tail(q[i], key, hd);
+                int64_t key = base + (int64_t)slots[f + k] * hd;
+                lanes[k] = dot_lanes(q[i], kv_k, key, hd, bf16);
+                tails[k] = dot_tail(q[i], kv_k, key, hd, bf16);
             }
             store_f32(sc + f, (lane_sums(lanes) + tails) * scale);
         }
-        for (; f < n_fresh[i]; f++) sc[f] = score_one(q[i], kbase + (int64_t)slots[f] * hd, hd, scale);
+        for (; f < n_fresh[i]; f++) sc[f] = score_one(q[i], kv_k, base + (int64_t)slots[f] * hd, hd, scale, bf16);
         softmax_weights(sc - past, past + n_fresh[i]);
         memset(out[i], 0, hd * sizeof(float));
     }
@@ -534,27 +564,28 @@ static inline __attribute__((always_inline)) void attend_group(
         int nk = past - s0 < VL ? past - s0 : VL;
         for (int i = 0; i < nq; i++) {
             const float *sc = score + (int64_t)i * stride + s0;
-            add_scaled(out[i], sc, vbase + (int64_t)s0 * hd, nk, hd);
+            add_scaled(out[i], sc, kv_v, base + (int64_t)s0 * hd, nk, hd, bf16);
         }
     }
     for (int i = 0; i < nq; i++)
         for (int f = 0; f < n_fresh[i]; f++)
-            add_scaled(out[i], score + (int64_t)i * stride + past + f, vbase + (int64_t)fresh[i * T + f] * hd, 1, hd);
+            add_scaled(out[i], score + (int64_t)i * stride + past + f, kv_v, base + (int64_t)fresh[i * T + f] * hd, 1,
+                       hd, bf16);
 }
 
 /* Attention of B rows x T new tokens over a static cache, grouped-query.
  *   qkv   [B, T, (H + 2 KV) * hd]  the fused projection (q heads, then k heads, then v heads)
  *   pos   [B, T] positions (RoPE); cos/sin [max_pos, hd / 2]
- *   kc/vc [rows, KV, S, hd] this layer's cache; row[b] is batch row b's cache row and
+ *   kc/vc [rows, KV, S, hd] this layer's cache, fp32 or (kv_bf16) bf16; row[b] is batch row b's cache row and
  *         len[b] its cached length: new token j is written at slot len[b] + j
  *   mask  NULL (causal among the new tokens) or [T, T] bytes, 1 where token i sees token j
  *   out   [B, T, H * hd]
  * Work is split over (row, KV group, chunk of queries); attend_group says why a tree node
  * gets the chain's bits. */
 void lean_attention(float *qkv, const int64_t *pos, const float *cos_t, const float *sin_t,
-                    float *kc, float *vc, const int64_t *row, const int64_t *len,
+                    void *kc, void *vc, const int64_t *row, const int64_t *len,
                     const uint8_t *mask, float *out, int B, int T, int H, int KV, int hd, int S,
-                    float scale) {
+                    float scale, int kv_bf16) {
     const int width = (H + 2 * KV) * hd, half = hd / 2;
     /* 1. RoPE on q and k, then k and v into the cache. */
 #pragma omp parallel for schedule(static) if (B * T > 4)
@@ -566,8 +597,8 @@ void lean_attention(float *qkv, const int64_t *pos, const float *cos_t, const fl
         int64_t slot = len[b] + t;
         for (int g = 0; g < KV; g++) {
             int64_t at = ((row[b] * KV + g) * S + slot) * hd;
-            memcpy(kc + at, q + (H + g) * hd, hd * sizeof(float));
-            memcpy(vc + at, q + (H + KV + g) * hd, hd * sizeof(float));
+            store_kv(kc, at, q + (H + g) * hd, hd, kv_bf16);
+            store_kv(vc, at, q + (H + KV + g) * hd, hd, kv_bf16);
         }
     }
     /* 2. softmax(q k^T * scale) v, per KV group, in chunks of its H / KV * T queries: about a
@@ -595,10 +626,13 @@ void lean_attention(float *qkv, const int64_t *pos, const float *cos_t, const fl
         }
         float score[nq * stride];
         int32_t fresh[nq * T];
-        const float *kbase = kc + (row[b] * KV + g) * (int64_t)S * hd;
-        const float *vbase = vc + (row[b] * KV + g) * (int64_t)S * hd;
-        if (hd == 64) attend_group(qp, op, tok, nq, kbase, vbase, mask, T, past, 64, scale, score, stride, fresh, n_fresh);
-        else attend_group(qp, op, tok, nq, kbase, vbase, mask, T, past, hd, scale, score, stride, fresh, n_fresh);
+        const int64_t base = (row[b] * KV + g) * (int64_t)S * hd; /* this row and group's first key */
+        if (hd == 64 && kv_bf16)
+            attend_group(qp, op, tok, nq, kc, vc, base, mask, T, past, 64, scale, score, stride, fresh, n_fresh, 1);
+        else if (hd == 64)
+            attend_group(qp, op, tok, nq, kc, vc, base, mask, T, past, 64, scale, score, stride, fresh, n_fresh, 0);
+        else
+            attend_group(qp, op, tok, nq, kc, vc, base, mask, T, past, hd, scale, score, stride, fresh, n_fresh, kv_bf16);
     }
 }
 
@@ -612,7 +646,7 @@ typedef struct {
 } lean_layer;
 
 void lean_layers(const lean_layer *layers, int l0, int l1, int weights, float *x, int B, int T, int D, int Nqkv,
-                 int I, float eps, float *kc, float *vc, int64_t layer_stride, const int64_t *pos,
+                 int I, float eps, void *kc, void *vc, int64_t layer_stride, int kv_bf16, const int64_t *pos,
                  const float *cos_t, const float *sin_t, const int64_t *row, const int64_t *len,
                  const uint8_t *mask, int H, int KV, int hd, int S, float scale, float *scratch) {
     const int M = B * T, A = H * hd;
@@ -625,8 +659,9 @@ void lean_layers(const lean_layer *layers, int l0, int l1, int weights, float *x
         if (L->qkv_bias)
             for (int t = 0; t < M; t++)
                 for (int n = 0; n < Nqkv; n++) qkv[(int64_t)t * Nqkv + n] += L->qkv_bias[n];
-        lean_attention(qkv, pos, cos_t, sin_t, kc + l * layer_stride, vc + l * layer_stride, row, len, mask, att,
-                       B, T, H, KV, hd, S, scale);
+        const int64_t bytes = l * layer_stride * (kv_bf16 ? 2 : 4); /* layer_stride: elements per layer */
+        lean_attention(qkv, pos, cos_t, sin_t, (char *)kc + bytes, (char *)vc + bytes, row, len, mask, att,
+                       B, T, H, KV, hd, S, scale, kv_bf16);
         lean_gemm(att, A, L->o, weights, x, D, M, A, D, 1);
         lean_rmsnorm(x, L->mlp_norm, h, M, D, eps);
         lean_gemm(h, D, L->gate_up, weights, gu, 2 * I, M, D, 2 * I, 0);

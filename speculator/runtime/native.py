@@ -41,8 +41,8 @@ SIGNATURES = {
     "lean_rmsnorm": (_VOID, _VOID, _VOID, _INT, _INT, _FLOAT),
     "lean_silu_mul": (_VOID, _VOID, _INT, _INT),
     "lean_attention": (_VOID, _VOID, _VOID, _VOID, _VOID, _VOID, _VOID, _VOID, _VOID, _VOID,
-                       _INT, _INT, _INT, _INT, _INT, _INT, _FLOAT),
-    "lean_layers": (_VOID, _INT, _INT, _INT, _VOID, _INT, _INT, _INT, _INT, _INT, _FLOAT, _VOID, _VOID, _I64,
+                       _INT, _INT, _INT, _INT, _INT, _INT, _FLOAT, _INT),
+    "lean_layers": (_VOID, _INT, _INT, _INT, _VOID, _INT, _INT, _INT, _INT, _INT, _FLOAT, _VOID, _VOID, _I64, _INT,
                     _VOID, _VOID, _VOID, _VOID, _VOID, _VOID, _INT, _INT, _INT, _INT, _FLOAT, _VOID),
 }
 

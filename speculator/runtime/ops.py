@@ -132,8 +132,9 @@ class NativeOps:
         M, D = x.shape
         scratch = torch.empty(M * (D + n_qkv + H * hd + 3 * inner), dtype=torch.float32)
         self.lib.lean_layers(array, start, stop, weight_format, _ptr(x), B, T, D, n_qkv, inner, eps, _ptr(k_cache),
-                             _ptr(v_cache), k_cache.stride(0), _ptr(positions), _ptr(cos), _ptr(sin), _ptr(rows),
-                             _ptr(lens), _ptr(mask), H, KV, hd, k_cache.shape[3], hd ** -0.5, _ptr(scratch))
+                             _ptr(v_cache), k_cache.stride(0), _kv_bf16(k_cache, v_cache), _ptr(positions), _ptr(cos),
+                             _ptr(sin), _ptr(rows), _ptr(lens), _ptr(mask), H, KV, hd, k_cache.shape[3], hd ** -0.5,
+                             _ptr(scratch))
         return x
 
     def attention(self, qkv, positions, cos, sin, k_cache, v_cache, rows, lens, mask, B, T, H, KV, hd):
@@ -143,8 +144,15 @@ class NativeOps:
         out = torch.empty(B * T, H * hd, dtype=torch.float32, device=qkv.device)
         self.lib.lean_attention(_ptr(qkv), _ptr(positions), _ptr(cos), _ptr(sin), _ptr(k_cache), _ptr(v_cache),
                                 _ptr(rows), _ptr(lens), _ptr(mask), _ptr(out), B, T, H, KV, hd,
-                                k_cache.shape[2], hd ** -0.5)
+                                k_cache.shape[2], hd ** -0.5, _kv_bf16(k_cache, v_cache))
         return out
+
+
+def _kv_bf16(k_cache: torch.Tensor, v_cache: torch.Tensor) -> int:
+    """1 for a bf16 KV cache, 0 for fp32 (native.c reads either)."""
+    if k_cache.dtype != v_cache.dtype or k_cache.dtype not in (torch.float32, torch.bfloat16):
+        raise TypeError(f"the KV cache must be fp32 or bf16, keys and values alike; got {k_cache.dtype}, {v_cache.dtype}")
+    return int(k_cache.dtype == torch.bfloat16)
 
 
 class LayerStack(ctypes.Structure):
@@ -192,8 +200,8 @@ class TorchOps:
             row, past = int(rows[b]), int(lens[b])
             k_cache[row, :, past : past + T] = k[b].transpose(0, 1)
             v_cache[row, :, past : past + T] = v[b].transpose(0, 1)
-            keys = k_cache[row, :, : past + T].repeat_interleave(H // KV, dim=0)  # [H, S', hd]
-            values = v_cache[row, :, : past + T].repeat_interleave(H // KV, dim=0)
+            keys = k_cache[row, :, : past + T].float().repeat_interleave(H // KV, dim=0)  # [H, S', hd]
+            values = v_cache[row, :, : past + T].float().repeat_interleave(H // KV, dim=0)
             see = torch.ones(T, past + T, dtype=torch.bool, device=qkv.device)
             new = torch.ones(T, T, dtype=torch.bool, device=qkv.device).tril() if mask is None else mask.bool()
             see[:, past:] = new
