@@ -4,7 +4,9 @@
    (after a system prompt that steers the topic) and samples the user's message until its
    end-of-turn token. Truncated, empty or malformed turns are dropped, duplicates removed.
 2. Responses: the target answers each prompt greedily, so a speculator trained on them
-   learns exactly the target's greedy behaviour (what lossless greedy decoding verifies).
+   learns the target's greedy behaviour (what lossless greedy decoding verifies; exactly so
+   for an fp32 target, at transformers' bf16 cache precision for a bf16 one, where near
+   ties can go the other way).
 
 Both phases generate in batches (the lean runtime's batched generation, or transformers'
 `generate` with left padding on the hf runtime). On the lean runtime the responses phase

@@ -5,8 +5,10 @@ lengths); a prompt that repeats one already prefilled gets a copy of that row (s
 user turns feeds the same few chat prefixes to every row: one prefill each, not one per
 row). Then every step feeds one token per unfinished row in a single pass; a row that ends (an
 end token or its budget) leaves the batch, so finished rows stop costing compute. The
-kernels are batch-invariant, so a row's tokens are exactly what decoding it alone gives
+kernels are batch-invariant, so a row's tokens are exactly what generating it alone gives
 (where wide passes are off: `invariant=False` lets a wide step take torch's bf16 GEMM).
+A bf16 target generates over a bf16 cache (generation_cache_dtype), so its tokens can part
+from plain decoding's, over an fp32 cache, at near ties.
 """
 
 from __future__ import annotations
