@@ -177,7 +177,7 @@ def _user_turn_text(target: FrozenTarget, reply: list[int], finished: bool) -> s
 
 # Draw this many x the user turns a round still misses, at the yield its earlier draws had.
 # About 60% of SmolLM2's sampled turns are kept (the rest truncated, malformed or repeated),
-# so a round of 112 drawn whole batches of 128 twice: 256 turns, 70 more than it kept.
+# so a round of 112 drew whole batches of 128 twice: 256 turns, ~70 more than it needed.
 DRAW_MARGIN = 1.15
 
 
