@@ -64,7 +64,7 @@ class FrozenTarget(nn.Module):
 
     @property
     def runtime(self) -> str:
-        """What actually runs: `lean` (with its backend, e.g. lean/native) or `hf`."""
+        """What actually runs: `lean` (with its backend, e.g. lean/native or lean/native/amx) or `hf`."""
         return f"lean/{self.lean.backend}" if self.lean is not None else "hf"
 
     @property

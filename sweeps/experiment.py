@@ -178,7 +178,7 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict:
         else:
             target, speculator, heldout = trained(cfg, run_dir, result)
         scored = evaluate(cfg, target, speculator, eval_prompts(cfg, heldout))
-        # What ran: the runtime (lean/native, lean/torch or hf) and how `dtype: auto` chose.
+        # What ran: the runtime (lean/native[/its bf16 path], lean/torch or hf) and how `dtype: auto` chose.
         result["target"] = {"name": target.name, "runtime": target.runtime,
                             "dtype": str(target.dtype).removeprefix("torch."),
                             "dtype_choice": getattr(target, "dtype_choice", None)}

@@ -136,7 +136,11 @@ class LeanDecoder:
 
     @property
     def backend(self) -> str:
-        return self.ops.name + ("+compile" if self.compiled else "")
+        """e.g. native/amx: the backend, and for bf16 weights on the native kernels their GEMM
+        path (ops.BF16_PATHS), which sets the logits' last bits (part of the keys of timings
+        remembered per machine, such as eval's verification-cost curve)."""
+        path = getattr(self.ops, "bf16_path", None) if self.dtype == torch.bfloat16 else None
+        return self.ops.name + (f"/{path}" if path else "") + ("+compile" if self.compiled else "")
 
     def new_cache(self, rows: int = 1, max_len: int | None = None, dtype: torch.dtype = torch.float32) -> StaticKVCache:
         """dtype: fp32 (decoding and verification), or bf16 (batched generation of a bf16

@@ -65,7 +65,7 @@ int lean_pack_width(void) { return NR; }
 /* 1 where bf16 weights may be multiplied as bf16 pairs (packed [blocks, ceil(K/2), NR, 2]). */
 int lean_bf16_dot(void) { return BF16_DOT; }
 /* A GEMM's weight format, as the caller packed it (ops.py NativeOps.pack). */
-enum lean_weights { LEAN_FP32 = 0, LEAN_BF16_WIDENED = 1, LEAN_BF16_PAIRS = 2 };
+enum lean_weights { LEAN_FP32 = 0, LEAN_BF16_WIDENED = 1, LEAN_BF16_PAIRS = 2, LEAN_BF16_AMX = 3 };
 
 static inline vf load_f32(const float *p) { vf v; memcpy(&v, p, sizeof v); return v; }
 static inline void store_f32(float *p, vf v) { memcpy(p, &v, sizeof v); }
@@ -295,6 +295,120 @@ static void gemm_bf16_dot(const float *x, int64_t ldx, const uint16_t *w, float 
 }
 #endif
 
+#if BF16_DOT && defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#define AMX 1
+#include <sys/syscall.h>
+#include <unistd.h>
+/* The bf16-pair GEMM on AMX tiles (Intel Sapphire Rapids and later): the same pair panels
+ * ([blocks, K2, NR, 2], K padded to a multiple of 32 by ops.py), the same bf16-rounded input
+ * rows, multiplied 16 rows x 16 outputs x 32 inputs per instruction (tdpbf16ps). Why: on
+ * the pair path an AMX Xeon's 9-token verification cost ~1.8x a 1-token step, its vdpbf16ps
+ * products (not memory) the limit; a tile does a 16-row block's products for the cost of
+ * streaming the panel, so a verification pass costs little more than a decoding step.
+ * Batch-invariant: an output element sums its 32-input chunks in k order, each chunk's
+ * pairs in the instruction's one fixed order, from its own input row only; rows a block
+ * lacks are zeros. So a row's bits do not depend on how many rows share the pass, and
+ * plain decoding runs the same instruction sequence (a 1-row block) as verification. The
+ * bits are not vdpbf16ps's (its chunks are pairs): pair_choice.py picks one path per
+ * machine, and every pass of a process uses it. */
+_Static_assert(NR == 32, "AMX panels are two tiles of 16 outputs");
+#define AMX_ROWS 16 /* rows of an input block (a tile's rows) */
+#define AMX_PAIRS 16 /* input pairs per tile step (64 bytes of a tile row) */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_config;
+
+static int amx_granted = -1;
+/* 1 where this process may use AMX tiles: Linux grants the tile state on request
+ * (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA). Asked once. */
+int lean_amx(void) {
+    if (amx_granted < 0) amx_granted = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+    return amx_granted;
+}
+
+/* Tiles 0, 1: the block's outputs (rows x 16 fp32); 2: its input rows (rows x 32 bf16);
+ * 3, 4: the panel's two halves (16 pairs x 16 outputs x 2). rows: 1..16, the rows of every
+ * block of the call (a pass of fewer than 16 rows runs them alone: a 1-row step does a
+ * sixteenth of the products and loads; a row's products are the same either way). Every
+ * thread loads this before its first tile instruction: the configuration is per thread,
+ * and torch's own AMX GEMMs may have changed it since. */
+static void amx_configure(int rows) {
+    amx_config c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 5; t++) { c.colsb[t] = 64; c.rows[t] = t == 3 || t == 4 ? AMX_PAIRS : rows; }
+    _tile_loadconfig(&c);
+}
+
+/* One panel (outputs n0..n0+NR) for one 16-row block of x (bf16 pairs, ld pairs per row). */
+static void amx_block(const uint16_t *xb, int64_t ld, const uint16_t *panel, int K2, float *y, int64_t ldy,
+                      int rows, int n0, int N, int accumulate, const uint16_t *next) {
+    _tile_zero(0);
+    _tile_zero(1);
+    for (int k = 0; k < K2; k += AMX_PAIRS) {
+        const uint16_t *wk = panel + (int64_t)k * NR * 2;
+        if (next) prefetch_row((const char *)(next + (int64_t)k * NR * 2), AMX_PAIRS * NR * 4);
+        for (int o = 0; o < AMX_PAIRS * NR * 4; o += 64) __builtin_prefetch((const char *)wk + 4096 + o, 0, 3);
+        _tile_loadd(2, xb + 2 * k, ld * 4);
+        _tile_loadd(3, wk, 64);
+        _tile_loadd(4, wk + AMX_PAIRS * 32, 64);
+        _tile_dpbf16ps(0, 2, 3);
+        _tile_dpbf16ps(1, 2, 4);
+    }
+    float out[AMX_ROWS * NR];
+    _tile_stored(0, out, NR * 4);
+    _tile_stored(1, out + AMX_ROWS, NR * 4);
+    for (int i = 0; i < rows; i++)
+        for (int r = 0; r < NR; r += VL) {
+            int n = n0 + r;
+            vf v = load_f32(out + i * NR + r);
+            float *yi = y + i * ldy;
+            if (n + VL <= N) {
+                if (accumulate) v = load_f32(yi + n) + v;
+                store_f32(yi + n, v);
+            } else {
+                for (int j = 0; j < VL && n + j < N; j++) yi[n + j] = accumulate ? yi[n + j] + v[j] : v[j];
+            }
+        }
+}
+
+static void gemm_bf16_amx(const float *x, int64_t ldx, const uint16_t *w, float *y, int64_t ldy,
+                          int M, int K, int N, int accumulate) {
+    const int blocks = (N + NR - 1) / NR, K2 = (K + 2 * AMX_PAIRS - 1) / (2 * AMX_PAIRS) * AMX_PAIRS;
+    /* Rows per block: M where it fits one block, else 16 (the last block padded with zeros). */
+    const int block_rows = M < AMX_ROWS ? M : AMX_ROWS, Mp = (M + block_rows - 1) / block_rows * block_rows;
+    uint16_t *xb = bf16_rows_buffer((size_t)Mp * K2 * 2);
+#pragma omp parallel for schedule(static) if ((int64_t)M * K > 65536)
+    for (int t = 0; t < Mp; t++) {
+        uint16_t *bt = xb + (int64_t)t * K2 * 2;
+        int k = 0;
+        if (t < M)
+            for (const float *xt = x + t * ldx; k < K; k++) bt[k] = to_bf16(xt[k]);
+        for (; k < 2 * K2; k++) bt[k] = 0; /* padded inputs and rows: zeros */
+    }
+#pragma omp parallel
+    {
+        amx_configure(block_rows);
+#pragma omp for schedule(static)
+        for (int b = 0; b < blocks; b++) {
+            const uint16_t *panel = w + (size_t)b * K2 * NR * 2;
+            for (int t0 = 0; t0 < M; t0 += block_rows) {
+                const uint16_t *next = t0 == 0 && b + 1 < blocks ? panel + (size_t)K2 * NR * 2 : NULL;
+                int rows = M - t0 < block_rows ? M - t0 : block_rows;
+                amx_block(xb + (int64_t)t0 * K2 * 2, K2, panel, K2, y + t0 * ldy, ldy, rows, b * NR, N, accumulate,
+                          next);
+            }
+        }
+        _tile_release();
+    }
+}
+#else
+#define AMX 0
+int lean_amx(void) { return 0; }
+#endif
+
 /* y[M, N] (+)= x[M, K] @ W^T, W prepacked as [ceil(N / NR), K, NR] (zero-padded outputs).
  * Threads split the output blocks; each block walks all M rows, so its K x NR weight panel
  * is read from memory once and reused from cache for every row tile. (Widening a bf16 panel
@@ -312,6 +426,11 @@ void lean_gemm(const float *x, int64_t ldx, const void *w, int weights, float *y
     if (weights == LEAN_BF16_PAIRS) { gemm_bf16_dot(x, ldx, w, y, ldy, M, K, N, accumulate); return; }
 #else
     if (weights == LEAN_BF16_PAIRS) abort(); /* packed for a path this build lacks (lean_bf16_dot says 0) */
+#endif
+#if AMX
+    if (weights == LEAN_BF16_AMX) { gemm_bf16_amx(x, ldx, w, y, ldy, M, K, N, accumulate); return; }
+#else
+    if (weights == LEAN_BF16_AMX) abort(); /* likewise (lean_amx says 0) */
 #endif
     const int w_bf16 = weights == LEAN_BF16_WIDENED;
     const int blocks = (N + NR - 1) / NR;

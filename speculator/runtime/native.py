@@ -99,6 +99,7 @@ def load(march: str = MARCH) -> ctypes.CDLL | None:
     lib.lean_pack_width.restype = ctypes.c_int
     lib.lean_vector_len.restype = ctypes.c_int
     lib.lean_bf16_dot.restype = ctypes.c_int
+    lib.lean_amx.restype = ctypes.c_int
     return lib
 
 

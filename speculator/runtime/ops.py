@@ -6,9 +6,10 @@
 
 Activations are fp32 [M, width] row-major (M = batch rows x new tokens); weights are fp32
 or bf16, read as fp32 (a bf16 weight widens exactly). Where the CPU may multiply bf16 pairs
-(AVX512-BF16) and that is the faster path on it (`NativeOps.bf16_dot`, pair_choice.py), a
-GEMM over bf16 weights first rounds its input rows to bf16; `TorchOps(round_bf16_inputs=True)`
-is that path's reference. Shapes are in the comments.
+(AVX512-BF16 vdpbf16ps, or AMX tiles) and that is the faster path on it
+(`NativeOps.bf16_path`, pair_choice.py), a GEMM over bf16 weights first rounds its input rows
+to bf16; `TorchOps(round_bf16_inputs=True)` is those paths' reference. Shapes are in the
+comments.
 """
 
 from __future__ import annotations
@@ -34,49 +35,61 @@ class Weight:
 
 
 # native.c's enum lean_weights: how a GEMM's weights are packed (NativeOps.pack).
-LEAN_FP32, LEAN_BF16_WIDENED, LEAN_BF16_PAIRS = 0, 1, 2
+LEAN_FP32, LEAN_BF16_WIDENED, LEAN_BF16_PAIRS, LEAN_BF16_AMX = 0, 1, 2, 3
+# How bf16 weights can be multiplied: widened to fp32 FMAs (every build), as bf16 pairs
+# (vdpbf16ps, AVX512-BF16), or as bf16 pairs on AMX tiles (the same panels, K padded to 32).
+BF16_PATHS = ("widened", "pairs", "amx")
+_BF16_FORMATS = {"widened": LEAN_BF16_WIDENED, "pairs": LEAN_BF16_PAIRS, "amx": LEAN_BF16_AMX}
 
 
 def _ptr(t: torch.Tensor | None):
     return None if t is None else ctypes.c_void_p(t.data_ptr())
 
 
+def bf16_paths(lib) -> list[str]:
+    """The bf16 GEMM paths this build of the kernels has on this machine."""
+    return ["widened"] + (["pairs"] if lib.lean_bf16_dot() else []) + (["amx"] if lib.lean_amx() else [])
+
+
 class NativeOps:
     name = "native"
 
-    def __init__(self, lib, bf16_pairs: bool | None = None):
-        """bf16_pairs: multiply bf16 weights as bf16 pairs (True), widen them to fp32 (False),
-        or None: this machine's faster path (pair_choice.py; False where the CPU has none)."""
+    def __init__(self, lib, bf16_path: str | None = None):
+        """bf16_path: how bf16 weights are multiplied (BF16_PATHS), or None: this machine's
+        faster path (pair_choice.py)."""
         self.lib = lib
         self.width = lib.lean_pack_width()
-        if bf16_pairs and not lib.lean_bf16_dot():
-            raise ValueError("this build of the lean kernels has no bf16-pair products (needs AVX512-BF16)")
-        if bf16_pairs is None:
-            from .pair_choice import pairs_pay
+        if bf16_path is None:
+            from .pair_choice import fastest_bf16_path
 
-            bf16_pairs = pairs_pay(lib)
-        self.bf16_dot = bool(bf16_pairs)
+            bf16_path = fastest_bf16_path(lib)
+        if bf16_path not in bf16_paths(lib):
+            raise ValueError(f"this build of the lean kernels has no {bf16_path!r} bf16 path here "
+                             f"(pairs need AVX512-BF16, amx AMX tiles); it has {bf16_paths(lib)}")
+        self.bf16_path = bf16_path
+        self.bf16_dot = bf16_path != "widened"  # inputs rounded to bf16, weights packed as pairs
 
     def weight_format(self, dtype: torch.dtype) -> int:
         """native.c's enum lean_weights for weights of this dtype as pack lays them out."""
-        if dtype != torch.bfloat16:
-            return LEAN_FP32
-        return LEAN_BF16_PAIRS if self.bf16_dot else LEAN_BF16_WIDENED
+        return LEAN_FP32 if dtype != torch.bfloat16 else _BF16_FORMATS[self.bf16_path]
 
     def pack(self, w: torch.Tensor, bias: torch.Tensor | None = None) -> Weight:
         """[N, K] -> panels [ceil(N / NR), K, NR]: a panel's K x NR block is contiguous, so a
         thread streams it once and every row tile reuses it from cache. bf16 weights on the
-        bf16-pair path: [ceil(N / NR), ceil(K / 2), NR, 2], the two weights one instruction
-        multiplies side by side (an odd K is padded with a zero column). bf16 weights
-        widened: [ceil(N / NR), K, NR / (2 VL), VL, 2], outputs 2p VL + j and (2p + 1) VL + j
-        side by side in one 32-bit word, which one shift and one mask widen (native.c)."""
+        bf16-pair paths: [ceil(N / NR), ceil(K / 2), NR, 2], the two weights one instruction
+        multiplies side by side (K padded with zero columns to even, or to a multiple of 32
+        for AMX tiles). bf16 weights widened: [ceil(N / NR), K, NR / (2 VL), VL, 2], outputs
+        2p VL + j and (2p + 1) VL + j side by side in one 32-bit word, which one shift and
+        one mask widen (native.c)."""
         N, K = w.shape
         pairs = self.bf16_dot and w.dtype == torch.bfloat16
         blocks = -(-N // self.width)
-        width_k = K + (K % 2) if pairs else K
+        width_k = (-(-K // 32) * 32 if self.bf16_path == "amx" else K + (K % 2)) if pairs else K
         padded = w.new_zeros(blocks * self.width, width_k)
         padded[:N, :K] = w
-        if pairs:
+        if pairs and self.bf16_path == "amx":  # [blocks, K/32, 2 halves, 16 pairs, 16 outputs, 2]: one tile each
+            panels = padded.view(blocks, 2, 16, width_k // 32, 16, 2).permute(0, 3, 1, 4, 2, 5).contiguous()
+        elif pairs:
             panels = padded.view(blocks, self.width, width_k // 2, 2).permute(0, 2, 1, 3).contiguous()
         elif w.dtype == torch.bfloat16:  # widened on load: vectors (2p, 2p + 1) as interleaved halves
             vl = self.lib.lean_vector_len()

@@ -1,16 +1,18 @@
-"""Which bf16 GEMM path this machine runs faster: measured once per machine, remembered.
+"""Which bf16 GEMM path this machine runs fastest: measured once per machine, remembered.
 
-On AVX512-BF16 CPUs native.c can multiply bf16 weights as bf16 pairs (vdpbf16ps, its input
-rows rounded to bf16) or widen them to fp32 and use fp32 FMAs. A flag cannot say which is
-faster: that is the two instructions' issue rates. An AVX512-BF16 Xeon (lscpu model 207)
-issues vdpbf16ps at 0.5 per cycle and fp32 FMAs at 2, so widening does twice the products
-per cycle, and it won at every pass width there (docs/results.md); a CPU whose pair rate is
-closer to its FMA rate would pick the pairs.
+native.c multiplies bf16 weights one of three ways (ops.BF16_PATHS): widened to fp32 and
+multiplied with fp32 FMAs (every build); as bf16 pairs with vdpbf16ps, the input rows
+rounded to bf16 (AVX512-BF16); or as the same pairs on AMX tiles (Intel Sapphire Rapids and
+later). A flag cannot say which is fastest: that is the instructions' issue rates. An
+AVX512-BF16 Xeon (lscpu model 207) issues vdpbf16ps at 0.5 per cycle and fp32 FMAs at 2, so
+widening does twice the products per cycle there and won at every pass width; on an AMX
+Xeon a tile does a 9-token pass's products for about the cost of streaming the weights, and
+the tiles won (docs/results.md).
 
-The two paths give slightly different numbers (bf16-rounded or full fp32 inputs). Each is
-batch-invariant, so decoding is lossless either way, but the choice is remembered per
-machine and kernel build (machine_records.py) so that every process on a machine computes
-the same bits. SPECLAB_BF16_PAIRS=1 or 0 overrides it.
+The paths give slightly different numbers (bf16-rounded or full fp32 inputs, and different
+summation orders). Each is batch-invariant, so decoding is lossless on any of them, but the
+choice is remembered per machine and kernel build (machine_records.py) so that every process
+on a machine computes the same bits. SPECLAB_BF16_PATH=widened, pairs or amx overrides it.
 """
 
 from __future__ import annotations
@@ -27,52 +29,59 @@ from .. import machine_records
 
 log = logging.getLogger(__name__)
 RECORDS = "bf16-gemm-path"  # the speclab cache folder of the remembered choices
-# A 9-token verification and a 1-token step through SmolLM2's MLP up-projection: weights
-# (3.5 MB in bf16) beyond L2, so the probe pays for memory as a real pass does.
-PROBE_ROWS, PROBE_OUT, PROBE_IN = (1, 9), 3072, 576
-RECORD_KEY = [PROBE_ROWS, PROBE_OUT, PROBE_IN]  # the record's key beside the machine's own (machine_records)
-ROUNDS, CALLS = 7, 4
+# A 9-token verification and a 1-token step through SmolLM2's MLP up-projection, over
+# COPIES distinct copies of its weights (3.5 MB each in bf16, 57 MB in all) so that, as in a
+# real pass, they stream from memory: with one copy in cache the AMX tiles' 1-row step
+# looked 1.6x slower than vdpbf16ps's, while in SmolLM2's passes the two tie at one token.
+PROBE_ROWS, PROBE_OUT, PROBE_IN, COPIES = (1, 9), 3072, 576, 16
+RECORD_KEY = [PROBE_ROWS, PROBE_OUT, PROBE_IN, COPIES]  # the record's key beside the machine's own (machine_records)
+ROUNDS, CALLS = 7, 2
+OVERRIDE = "SPECLAB_BF16_PATH"
 
 
 @lru_cache(maxsize=None)
-def pairs_pay(lib) -> bool:
-    """True where this machine should multiply bf16 weights as bf16 pairs."""
-    if not lib.lean_bf16_dot():
-        return False
-    forced = os.environ.get("SPECLAB_BF16_PAIRS")
+def fastest_bf16_path(lib) -> str:
+    """The path (ops.BF16_PATHS) this machine should multiply bf16 weights on."""
+    from .ops import BF16_PATHS, bf16_paths
+
+    available = bf16_paths(lib)
+    forced = os.environ.get(OVERRIDE)
     if forced is not None:
-        if forced not in ("0", "1"):
-            raise ValueError(f"SPECLAB_BF16_PAIRS must be 0 or 1, got {forced!r}")
-        return forced == "1"
+        if forced not in BF16_PATHS:
+            raise ValueError(f"{OVERRIDE} must be one of {', '.join(BF16_PATHS)}; got {forced!r}")
+        return forced  # NativeOps refuses one this build lacks, naming those it has
+    if len(available) == 1:
+        return available[0]
     record = machine_records.read(RECORDS, RECORD_KEY)
-    if record is not None and isinstance(record.get("pairs"), bool):
-        return record["pairs"]
+    if record is not None and record.get("path") in available and sorted(record.get("probe_ms", {})) == sorted(available):
+        return record["path"]
     ms = time_paths(lib)
-    pairs = ms["pairs"] < ms["widened"]
+    path = min(ms, key=ms.get)
     try:
-        machine_records.write(RECORDS, RECORD_KEY, {"pairs": pairs, "probe_ms": ms, "machine": machine_records.machine_name()})
+        machine_records.write(RECORDS, RECORD_KEY, {"path": path, "probe_ms": ms, "machine": machine_records.machine_name()})
     except OSError as exc:  # a read-only cache costs a probe per process, not the run
         log.warning("could not remember the bf16 GEMM path (%s): it is measured again next time", exc)
-    log.info("bf16 GEMMs: %s (probe ms %s)", "bf16 pairs" if pairs else "widened to fp32", ms)
-    return pairs
+    log.info("bf16 GEMMs: %s (probe ms %s)", path, ms)
+    return path
 
 
 def time_paths(lib) -> dict[str, float]:
-    """Median ms of the probe (a 1-row and a 9-row GEMM) on each path, the paths alternated
-    so that a burst of load hits both."""
-    from .ops import NativeOps
+    """Median ms of the probe (a 1-row and a 9-row GEMM over each copy of the weights) on
+    each path this machine has, the paths alternated so that a burst of load hits them all."""
+    from .ops import NativeOps, bf16_paths
 
     g = torch.Generator().manual_seed(0)
-    w = (torch.randn(PROBE_OUT, PROBE_IN, generator=g) * 0.02).to(torch.bfloat16)
+    weights = [(torch.randn(PROBE_OUT, PROBE_IN, generator=g) * 0.02).to(torch.bfloat16) for _ in range(COPIES)]
     xs = [torch.randn(rows, PROBE_IN, generator=g) for rows in PROBE_ROWS]
-    paths = {name: NativeOps(lib, bf16_pairs=pairs) for name, pairs in (("pairs", True), ("widened", False))}
-    packed = {name: ops.pack(w) for name, ops in paths.items()}
+    paths = {name: NativeOps(lib, bf16_path=name) for name in bf16_paths(lib)}
+    packed = {name: [ops.pack(w) for w in weights] for name, ops in paths.items()}
     samples: dict[str, list[float]] = {name: [] for name in paths}
     for _ in range(ROUNDS):
         for name, ops in paths.items():
             start = time.perf_counter()
             for _ in range(CALLS):
                 for x in xs:
-                    ops.linear(x, packed[name])
+                    for w in packed[name]:
+                        ops.linear(x, w)
             samples[name].append((time.perf_counter() - start) * 1e3 / CALLS)
     return {name: round(statistics.median(v), 4) for name, v in samples.items()}

@@ -85,7 +85,7 @@ def wide_choice(native_ops) -> WideChoice:
         if not forced.isdigit():
             raise ValueError(f"SPECLAB_WIDE_GEMM must be 0 (off) or a row count, got {forced!r}")
         return WideChoice(int(forced) or None, int(forced) or None)
-    return _measured_choice(native_ops.lib)
+    return _measured_choice(native_ops.lib, native_ops.bf16_path)
 
 
 def _rows(record: dict, key: str) -> int | None:
@@ -96,21 +96,24 @@ def _rows(record: dict, key: str) -> int | None:
 
 
 @lru_cache(maxsize=None)
-def _measured_choice(lib) -> WideChoice:
-    record = machine_records.read(RECORDS, RECORD_KEY)
+def _measured_choice(lib, bf16_path: str) -> WideChoice:
+    """bf16_path: the native GEMM's path (ops.BF16_PATHS) torch's is measured against: on an
+    AMX Xeon, native.c's own tiles beat torch's GEMM at 16-128 rows, vdpbf16ps did not."""
+    key = RECORD_KEY + [bf16_path]
+    record = machine_records.read(RECORDS, key)
     if record is not None:
         try:
             return WideChoice(_rows(record, "head_rows"), _rows(record, "layer_rows"))
         except ValueError as exc:
             log.warning("ignoring a malformed wide-GEMM record (%s): measuring again", exc)
-    ms = time_paths(lib)
+    ms = time_paths(lib, bf16_path)
 
     def first_win(margin: float) -> int | None:
         return next((r for r in PROBE_ROWS if ms["torch"][str(r)] < margin * ms["native"][str(r)]), None)
 
     choice = WideChoice(first_win(HEAD_MARGIN), first_win(LAYER_MARGIN))
     try:
-        machine_records.write(RECORDS, RECORD_KEY, {"head_rows": choice.head_rows, "layer_rows": choice.layer_rows,
+        machine_records.write(RECORDS, key, {"head_rows": choice.head_rows, "layer_rows": choice.layer_rows,
                                                     "probe_ms": ms, "machine": machine_records.machine_name()})
     except OSError as exc:  # a read-only cache costs a probe per process, not the run
         log.warning("could not remember the wide-pass GEMM choice (%s): it is measured again next time", exc)
@@ -118,14 +121,14 @@ def _measured_choice(lib) -> WideChoice:
     return choice
 
 
-def time_paths(lib) -> dict[str, dict[str, float]]:
-    """Median ms per probe width on each path, the paths alternated so that a burst of load
-    hits both."""
+def time_paths(lib, bf16_path: str) -> dict[str, dict[str, float]]:
+    """Median ms per probe width on each path (the native GEMM on bf16_path), the paths
+    alternated so that a burst of load hits both."""
     from .ops import NativeOps
 
     g = torch.Generator().manual_seed(0)
     w = (torch.randn(PROBE_OUT, PROBE_IN, generator=g) * 0.02).to(torch.bfloat16)
-    ops = NativeOps(lib)
+    ops = NativeOps(lib, bf16_path=bf16_path)
     packed, wide = ops.pack(w), WideLinear(w, None)
     paths = {"native": lambda x: ops.linear(x, packed), "torch": wide}
     samples: dict[str, dict[int, list[float]]] = {name: {r: [] for r in PROBE_ROWS} for name in paths}

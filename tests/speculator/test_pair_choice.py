@@ -1,20 +1,24 @@
-"""The bf16 GEMM path a machine takes: measured once, then remembered and overridable."""
+"""The bf16 GEMM path a machine takes: measured once among those it has, then remembered and
+overridable."""
 
 import pytest
 
 from speclab.speculator import machine_records
 from speclab.speculator.runtime import native, pair_choice
-from speclab.speculator.runtime.ops import NativeOps
+from speclab.speculator.runtime.ops import NativeOps, bf16_paths
 
 
 class FakeLib:
-    """A build that says whether it has bf16-pair products; nothing else is called."""
+    """A build that says which bf16 products it has; nothing else is called."""
 
-    def __init__(self, pairs: bool):
-        self.pairs = pairs
+    def __init__(self, pairs: bool, amx: bool = False):
+        self.pairs, self.amx = pairs, amx
 
     def lean_bf16_dot(self):
         return int(self.pairs)
+
+    def lean_amx(self):
+        return int(self.amx)
 
     def lean_pack_width(self):
         return 32
@@ -23,27 +27,34 @@ class FakeLib:
 @pytest.fixture
 def fresh(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECLAB_CACHE", str(tmp_path))
-    monkeypatch.delenv("SPECLAB_BF16_PAIRS", raising=False)
-    pair_choice.pairs_pay.cache_clear()
+    monkeypatch.delenv(pair_choice.OVERRIDE, raising=False)
+    pair_choice.fastest_bf16_path.cache_clear()
     yield
-    pair_choice.pairs_pay.cache_clear()
+    pair_choice.fastest_bf16_path.cache_clear()
 
 
-def test_the_faster_path_is_measured_once_and_remembered(fresh, monkeypatch):
+def test_the_fastest_path_is_measured_once_and_remembered(fresh, monkeypatch):
     calls = []
-    monkeypatch.setattr(pair_choice, "time_paths", lambda lib: calls.append(1) or {"pairs": 1.0, "widened": 2.0})
-    assert pair_choice.pairs_pay(FakeLib(True)) is True
-    pair_choice.pairs_pay.cache_clear()  # a new process: the record, not a new measurement
+    ms = {"widened": 2.0, "pairs": 1.5, "amx": 1.0}
+    monkeypatch.setattr(pair_choice, "time_paths", lambda lib: calls.append(1) or ms)
+    assert pair_choice.fastest_bf16_path(FakeLib(True, amx=True)) == "amx"
+    pair_choice.fastest_bf16_path.cache_clear()  # a new process: the record, not a new measurement
     monkeypatch.setattr(pair_choice, "time_paths", lambda lib: pytest.fail("measured twice"))
-    assert pair_choice.pairs_pay(FakeLib(True)) is True and calls == [1]
+    assert pair_choice.fastest_bf16_path(FakeLib(True, amx=True)) == "amx" and calls == [1]
     record = machine_records.read(pair_choice.RECORDS, pair_choice.RECORD_KEY)
-    assert record["probe_ms"] == {"pairs": 1.0, "widened": 2.0}
+    assert record["probe_ms"] == ms
 
 
-def test_a_corrupt_record_is_measured_again(fresh, monkeypatch):
-    machine_records.write(pair_choice.RECORDS, pair_choice.RECORD_KEY, {"pairs": "yes"})
-    monkeypatch.setattr(pair_choice, "time_paths", lambda lib: {"pairs": 3.0, "widened": 2.0})
-    assert pair_choice.pairs_pay(FakeLib(True)) is False
+def test_a_record_that_does_not_fit_this_build_is_measured_again(fresh, monkeypatch):
+    """A corrupt record, and one made before a path existed (an older build's two paths),
+    are measured again among the paths this build has."""
+    monkeypatch.setattr(pair_choice, "time_paths", lambda lib: {"widened": 2.0, "pairs": 3.0, "amx": 1.0})
+    machine_records.write(pair_choice.RECORDS, pair_choice.RECORD_KEY, {"path": "yes"})
+    assert pair_choice.fastest_bf16_path(FakeLib(True, amx=True)) == "amx"
+    pair_choice.fastest_bf16_path.cache_clear()
+    machine_records.write(pair_choice.RECORDS, pair_choice.RECORD_KEY,
+                          {"path": "pairs", "probe_ms": {"widened": 2.0, "pairs": 1.0}})
+    assert pair_choice.fastest_bf16_path(FakeLib(True, amx=True)) == "amx"
 
 
 def test_a_cache_that_cannot_be_written_still_gives_the_choice(fresh, monkeypatch):
@@ -52,26 +63,29 @@ def test_a_cache_that_cannot_be_written_still_gives_the_choice(fresh, monkeypatc
 
     monkeypatch.setattr(machine_records, "write", refuse)
     monkeypatch.setattr(pair_choice, "time_paths", lambda lib: {"pairs": 1.0, "widened": 2.0})
-    assert pair_choice.pairs_pay(FakeLib(True)) is True
+    assert pair_choice.fastest_bf16_path(FakeLib(True)) == "pairs"
 
 
-def test_no_pair_products_no_measurement_and_the_override(fresh, monkeypatch):
+def test_one_path_no_measurement_and_the_override(fresh, monkeypatch):
     monkeypatch.setattr(pair_choice, "time_paths", lambda lib: pytest.fail("nothing to measure"))
-    assert pair_choice.pairs_pay(FakeLib(False)) is False
-    monkeypatch.setenv("SPECLAB_BF16_PAIRS", "1")
-    assert pair_choice.pairs_pay(FakeLib(True)) is True
-    pair_choice.pairs_pay.cache_clear()
-    monkeypatch.setenv("SPECLAB_BF16_PAIRS", "yes")
-    with pytest.raises(ValueError, match="SPECLAB_BF16_PAIRS must be 0 or 1"):
-        pair_choice.pairs_pay(FakeLib(True))
+    assert pair_choice.fastest_bf16_path(FakeLib(False)) == "widened"
+    monkeypatch.setenv(pair_choice.OVERRIDE, "pairs")
+    assert pair_choice.fastest_bf16_path(FakeLib(True, amx=True)) == "pairs"
+    pair_choice.fastest_bf16_path.cache_clear()
+    monkeypatch.setenv(pair_choice.OVERRIDE, "yes")
+    with pytest.raises(ValueError, match="SPECLAB_BF16_PATH must be one of widened, pairs, amx"):
+        pair_choice.fastest_bf16_path(FakeLib(True))
 
 
-def test_pairs_asked_of_a_build_without_them_are_refused():
-    with pytest.raises(ValueError, match="no bf16-pair products"):
-        NativeOps(FakeLib(False), bf16_pairs=True)
+def test_a_path_asked_of_a_build_without_it_is_refused():
+    with pytest.raises(ValueError, match="no 'pairs' bf16 path"):
+        NativeOps(FakeLib(False), bf16_path="pairs")
+    with pytest.raises(ValueError, match="no 'amx' bf16 path.*it has \\['widened', 'pairs'\\]"):
+        NativeOps(FakeLib(True), bf16_path="amx")
 
 
-@pytest.mark.skipif(native.load() is None or not native.load().lean_bf16_dot(), reason="no bf16-pair products here")
-def test_the_probe_times_both_real_paths():
-    ms = pair_choice.time_paths(native.load())
-    assert set(ms) == {"pairs", "widened"} and all(v > 0 for v in ms.values())
+@pytest.mark.skipif(native.load() is None, reason="no native kernels here")
+def test_the_probe_times_every_real_path():
+    lib = native.load()
+    ms = pair_choice.time_paths(lib)
+    assert set(ms) == set(bf16_paths(lib)) and all(v > 0 for v in ms.values())

@@ -27,13 +27,15 @@ from speclab.speculator.targets import tiny_llama
 REL = 3e-5
 NATIVE = native.load() is not None
 BACKENDS = ["torch", pytest.param("native", marks=pytest.mark.skipif(not NATIVE, reason="no C compiler"))]
-# The machine's own build on the path it chose (pair_choice.py), its bf16-pair path where the
-# CPU has one, the AVX2 build (8-wide vectors, 16-wide panels) that an AVX2-only machine
+# The machine's own build on the path it chose (pair_choice.py), its bf16-pair paths where the
+# CPU has them (vdpbf16ps, AMX tiles), the AVX2 build (8-wide vectors, 16-wide panels) that an AVX2-only machine
 # gets, and on AVX-512 machines the AVX-512 build without bf16 pair products: every code
 # path a CPU may take is checked wherever the tests run on x86.
 PAIRS = NATIVE and bool(native.load().lean_bf16_dot())
+AMX = NATIVE and bool(native.load().lean_amx())
 ISAS = ["native",
         pytest.param("native-pairs", marks=pytest.mark.skipif(not PAIRS, reason="no bf16-pair products here")),
+        pytest.param("native-amx", marks=pytest.mark.skipif(not AMX, reason="no AMX tiles here")),
         pytest.param("haswell", marks=pytest.mark.skipif(native.load("haswell") is None,
                                                          reason="no x86 AVX2 build here")),
         pytest.param("skylake-avx512", marks=pytest.mark.skipif(
@@ -43,8 +45,8 @@ ISAS = ["native",
 
 def native_ops(isa: str) -> NativeOps:
     """The kernels of one entry of ISAS."""
-    if isa == "native-pairs":
-        return NativeOps(native.load(), bf16_pairs=True)
+    if isa in ("native-pairs", "native-amx"):
+        return NativeOps(native.load(), bf16_path=isa.removeprefix("native-"))
     return NativeOps(native.load(isa))
 
 
@@ -99,11 +101,12 @@ def test_cached_steps_rollback_and_tree_match_transformers(hf_model, choice):
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_native_ops_equal_their_reference(dtype, isa):
-    """Odd shapes: outputs not a multiple of the panel width, rows across tile boundaries."""
+    """Odd shapes: outputs not a multiple of the panel width, inputs not a multiple of a
+    pair or an AMX tile's 32, rows across tile boundaries (12 for vdpbf16ps, 16 for AMX)."""
     g = torch.Generator().manual_seed(0)
     fast = native_ops(isa)
     ref = TorchOps(round_bf16_inputs=fast.bf16_dot)  # bf16-pair CPUs round a GEMM's input to bf16
-    for M, K, N in [(1, 64, 16), (7, 37, 83), (13, 128, 200)]:
+    for M, K, N in [(1, 64, 16), (7, 37, 83), (13, 128, 200), (21, 70, 45)]:
         x, w = torch.randn(M, K, generator=g), torch.randn(N, K, generator=g).to(dtype)
         y = torch.randn(M, N, generator=g)
         assert close(fast.linear(x, fast.pack(w)), ref.linear(x, ref.pack(w)))
@@ -187,7 +190,7 @@ def resident_mb() -> float:
 def test_the_bf16_row_buffer_is_freed_when_its_thread_exits():
     """Each thread's GEMMs reuse one buffer for their bf16-rounded input rows; 100 threads
     that each ran a 512-row GEMM (a 590 KB buffer apiece) must not leave 100 buffers behind."""
-    ops = NativeOps(native.load(), bf16_pairs=True)
+    ops = NativeOps(native.load(), bf16_path="pairs")
     w, x = ops.pack(torch.randn(16, 576).to(torch.bfloat16)), torch.randn(512, 576)
     buffer_mb = x.numel() * 2 / 2**20
 

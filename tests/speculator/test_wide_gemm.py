@@ -25,6 +25,7 @@ pytestmark = pytest.mark.skipif(native.load() is None, reason="no C compiler: no
 class FakeOps:
     name = "native"
     lib = "fake-lib"
+    bf16_path = "amx"
 
 
 @pytest.fixture
@@ -44,33 +45,46 @@ def probe(ratios: dict[int, float]) -> dict:
 
 def test_each_part_starts_at_the_first_width_that_clearly_pays(fresh, monkeypatch):
     # The head needs torch under 0.8x native, the layers under 0.6x (the wide path's Python cost).
-    monkeypatch.setattr(wide_gemm, "time_paths", lambda lib: probe({16: 0.9, 32: 0.7, 64: 0.5, 128: 0.3}))
+    monkeypatch.setattr(wide_gemm, "time_paths", lambda lib, path: probe({16: 0.9, 32: 0.7, 64: 0.5, 128: 0.3}))
     assert wide_gemm.wide_choice(FakeOps()) == WideChoice(head_rows=32, layer_rows=64)
 
 
 def test_a_machine_where_torch_never_pays_keeps_the_native_gemm(fresh, monkeypatch):
-    monkeypatch.setattr(wide_gemm, "time_paths", lambda lib: probe({}))
+    monkeypatch.setattr(wide_gemm, "time_paths", lambda lib, path: probe({}))
     choice = wide_gemm.wide_choice(FakeOps())
     assert choice == WideChoice() and not choice.used
 
 
 def test_the_choice_is_measured_once_and_remembered(fresh, monkeypatch):
     calls = []
-    monkeypatch.setattr(wide_gemm, "time_paths", lambda lib: calls.append(1) or probe({16: 0.5}))
+    monkeypatch.setattr(wide_gemm, "time_paths", lambda lib, path: calls.append(1) or probe({16: 0.5}))
     assert wide_gemm.wide_choice(FakeOps()) == WideChoice(16, 16)
     wide_gemm._measured_choice.cache_clear()  # a new process: the record, not a new measurement
-    monkeypatch.setattr(wide_gemm, "time_paths", lambda lib: pytest.fail("measured twice"))
+    monkeypatch.setattr(wide_gemm, "time_paths", lambda lib, path: pytest.fail("measured twice"))
     assert wide_gemm.wide_choice(FakeOps()) == WideChoice(16, 16) and calls == [1]
 
 
+def test_the_choice_is_remembered_per_native_path(fresh, monkeypatch):
+    """Torch's GEMM is measured against the native path in use: a choice made against AMX
+    tiles must not be read back for vdpbf16ps (SPECLAB_BF16_PATH=pairs), nor the reverse."""
+    measured = []
+    monkeypatch.setattr(wide_gemm, "time_paths",
+                        lambda lib, path: measured.append(path) or probe({16: 0.5} if path == "pairs" else {}))
+    pairs = FakeOps()
+    pairs.bf16_path = "pairs"
+    assert wide_gemm.wide_choice(FakeOps()) == WideChoice()
+    assert wide_gemm.wide_choice(pairs) == WideChoice(16, 16)
+    assert measured == ["amx", "pairs"]
+
+
 def test_a_corrupt_record_is_measured_again(fresh, monkeypatch):
-    machine_records.write(wide_gemm.RECORDS, wide_gemm.RECORD_KEY, {"head_rows": "all", "layer_rows": -3})
-    monkeypatch.setattr(wide_gemm, "time_paths", lambda lib: probe({128: 0.5}))
+    machine_records.write(wide_gemm.RECORDS, wide_gemm.RECORD_KEY + ["amx"], {"head_rows": "all", "layer_rows": -3})
+    monkeypatch.setattr(wide_gemm, "time_paths", lambda lib, path: probe({128: 0.5}))
     assert wide_gemm.wide_choice(FakeOps()) == WideChoice(128, 128)
 
 
 def test_the_override_and_its_errors(fresh, monkeypatch):
-    monkeypatch.setattr(wide_gemm, "time_paths", lambda lib: pytest.fail("an override measures nothing"))
+    monkeypatch.setattr(wide_gemm, "time_paths", lambda lib, path: pytest.fail("an override measures nothing"))
     monkeypatch.setenv("SPECLAB_WIDE_GEMM", "0")
     assert wide_gemm.wide_choice(FakeOps()) == WideChoice()
     monkeypatch.setenv("SPECLAB_WIDE_GEMM", "24")
