@@ -19,8 +19,9 @@ hidden = rmsnorm(x); logits = hidden @ Whead^T for the rows asked for.
 records it), so features match the transformers path one for one.
 
 A pass whose caller allows it (`invariant=False`: prefills, batched generation) and that is
-wide enough runs its linear layers on torch's bf16 GEMM where this machine measured that
-faster (wide_gemm.py: AMX tiles); every other pass is batch-invariant.
+wide enough runs its linear layers on a wide engine where this machine measured that faster
+(wide_gemm.py: native.c's AMX tiles, or torch's bf16 GEMM); every other pass is
+batch-invariant.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import torch
 
 from .cache import StaticKVCache
 from .config import LeanConfig, lean_config, rope_tables
-from .ops import Weight, backend
+from .ops import NativeOps, Weight, backend
 from .wide_gemm import WideChoice, WideLinear, wide_choice
 
 
@@ -68,20 +69,35 @@ class LeanDecoder:
         self.compiled = compile and self.ops.name == "torch"
         if self.compiled:
             self._project, self._mlp = torch.compile(self._project, dynamic=False), torch.compile(self._mlp, dynamic=False)
-        # Wide passes need bf16 weights: on torch's bf16 GEMM an fp32 target would be rounded.
+        # Wide passes need bf16 weights: on a bf16 GEMM an fp32 target would be rounded.
         self.wide: WideChoice = wide_choice(self.ops) if self.dtype == torch.bfloat16 else WideChoice()
+        # Their engine: torch's GEMM (WideLinear copies, a Python call per linear), or native.c's
+        # AMX tiles (a second packing of the weights, the whole stack in one call).
+        self._wide_ops = NativeOps(self.ops.lib, bf16_path="amx") if self.wide.used and self.wide.engine == "amx" else None
         body = model.model
         self.embed = body.embed_tokens.weight.detach()  # [V, D], looked up then widened
-        self.layers = [self._layer(layer) for layer in body.layers]
+        self.layers = [self._layer(layer, self.ops, torch_wide=self.wide.layer_rows is not None and self._wide_ops is None)
+                       for layer in body.layers]
         self.norm = body.norm.weight.detach().float().contiguous()
         self.head = self.ops.pack(model.lm_head.weight.detach())
-        self.wide_head = WideLinear(model.lm_head.weight, None) if self.wide.head_rows else None
+        self.wide_head = None
+        if self.wide.head_rows and self._wide_ops is not None:
+            self.wide_head = partial(self._wide_ops.linear, w=self._wide_ops.pack(model.lm_head.weight.detach()))
+        elif self.wide.head_rows:
+            self.wide_head = WideLinear(model.lm_head.weight, None)
         # The native backend runs a stretch of layers in one call (no per-kernel Python cost).
         self._stack = self.ops.stack(self.layers) if hasattr(self.ops, "stack") else None
+        self._wide_stack = None
+        if self.wide.layer_rows and self._wide_ops is not None:
+            self._wide_layers = [self._layer(layer, self._wide_ops) for layer in body.layers]  # kept: the stack points into them
+            self._wide_stack = self._wide_ops.stack(self._wide_layers)
         self.cos, self.sin = (t.to(self.device) for t in rope_tables(
             body.rotary_emb, self.config.head_dim, self.config.max_positions))
 
-    def _layer(self, layer) -> LeanLayer:
+    @staticmethod
+    def _layer(layer, ops, torch_wide: bool = False) -> LeanLayer:
+        """One transformers decoder layer packed for `ops`; torch_wide: with bf16 copies for
+        torch's GEMM (wide passes on the torch engine)."""
         a, m = layer.self_attn, layer.mlp
         qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach()
         bias = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]).detach() if a.q_proj.bias is not None else None
@@ -89,13 +105,13 @@ class LeanDecoder:
                    "gate_up": torch.cat([m.gate_proj.weight, m.up_proj.weight]).detach()}
         return LeanLayer(
             attn_norm=layer.input_layernorm.weight.detach().float().contiguous(),
-            qkv=self.ops.pack(qkv, bias),
-            o=self.ops.pack(weights["o"]),
+            qkv=ops.pack(qkv, bias),
+            o=ops.pack(weights["o"]),
             mlp_norm=layer.post_attention_layernorm.weight.detach().float().contiguous(),
-            gate_up=self.ops.pack(weights["gate_up"]),
-            down=self.ops.pack(weights["down"]),
+            gate_up=ops.pack(weights["gate_up"]),
+            down=ops.pack(weights["down"]),
             wide={name: WideLinear(w, bias if name == "qkv" else None) for name, w in weights.items()}
-            if self.wide.layer_rows else None,
+            if torch_wide else None,
         )
 
     def _linear(self, x: torch.Tensor, layer: LeanLayer, name: str, wide: bool,
@@ -119,8 +135,10 @@ class LeanDecoder:
         """x [M, D] through layers start..stop-1 (the residual stream after them)."""
         c, ops = self.config, self.ops
         positions, cos, sin, rows, lens, visible, B, T = attend
-        if self._stack is not None and not wide:
-            return ops.run_layers(self._stack, x, start, stop, cache.k, cache.v, positions, cos, sin, rows, lens,
+        stack = self._wide_stack if wide else self._stack
+        if stack is not None:
+            ops = self._wide_ops if wide else ops
+            return ops.run_layers(stack, x, start, stop, cache.k, cache.v, positions, cos, sin, rows, lens,
                                   visible, B, T, c.num_heads, c.num_kv_heads, c.head_dim, c.rms_eps)
         for i in range(start, stop):
             layer = self.layers[i]

@@ -376,9 +376,12 @@ static void amx_block(const uint16_t *xb, int64_t ld, const uint16_t *panel, int
 
 static void gemm_bf16_amx(const float *x, int64_t ldx, const uint16_t *w, float *y, int64_t ldy,
                           int M, int K, int N, int accumulate) {
+    if (M <= 0) return;
     const int blocks = (N + NR - 1) / NR, K2 = (K + 2 * AMX_PAIRS - 1) / (2 * AMX_PAIRS) * AMX_PAIRS;
-    /* Rows per block: M where it fits one block, else 16 (the last block padded with zeros). */
-    const int block_rows = M < AMX_ROWS ? M : AMX_ROWS, Mp = (M + block_rows - 1) / block_rows * block_rows;
+    /* Rows per block: as few blocks as hold M rows, as even as can be (17 rows: two of 9, not
+     * 16 and 1), the last padded with zero rows. */
+    const int n_blocks = (M + AMX_ROWS - 1) / AMX_ROWS, block_rows = (M + n_blocks - 1) / n_blocks;
+    const int Mp = n_blocks * block_rows;
     uint16_t *xb = bf16_rows_buffer((size_t)Mp * K2 * 2);
 #pragma omp parallel for schedule(static) if ((int64_t)M * K > 65536)
     for (int t = 0; t < Mp; t++) {

@@ -1,13 +1,12 @@
-"""Which bf16 GEMM path this machine runs fastest: measured once per machine, remembered.
+"""Which bf16 GEMM path decoding and verification take on this machine: measured once, remembered.
 
 native.c multiplies bf16 weights one of three ways (ops.BF16_PATHS): widened to fp32 and
 multiplied with fp32 FMAs (every build); as bf16 pairs with vdpbf16ps, the input rows
 rounded to bf16 (AVX512-BF16); or as the same pairs on AMX tiles (Intel Sapphire Rapids and
-later). A flag cannot say which is fastest: that is the instructions' issue rates. An
-AVX512-BF16 Xeon (lscpu model 207) issues vdpbf16ps at 0.5 per cycle and fp32 FMAs at 2, so
-widening does twice the products per cycle there and won at every pass width; on an AMX
-Xeon a tile does a 9-token pass's products for about the cost of streaming the weights, and
-the tiles won (docs/results.md).
+later; by the override only, see CANDIDATES). A flag cannot say which is fastest: that is
+the instructions' issue rates. An AVX512-BF16 Xeon (lscpu model 207) issues vdpbf16ps at 0.5
+per cycle and fp32 FMAs at 2, so widening does twice the products per cycle there and won at
+every pass width (docs/results.md).
 
 The paths give slightly different numbers (bf16-rounded or full fp32 inputs, and different
 summation orders). Each is batch-invariant, so decoding is lossless on any of them, but the
@@ -37,6 +36,12 @@ PROBE_ROWS, PROBE_OUT, PROBE_IN, COPIES = (1, 9), 3072, 576, 16
 RECORD_KEY = [PROBE_ROWS, PROBE_OUT, PROBE_IN, COPIES]  # the record's key beside the machine's own (machine_records)
 ROUNDS, CALLS = 7, 2
 OVERRIDE = "SPECLAB_BF16_PATH"
+# The paths chosen among automatically. AMX tiles only by the override: on an AMX Xeon they
+# made a 9-token pass 1.15-1.4x cheaper but a 1-token step 5-9% dearer (tile loads stream the
+# weights more slowly than vector loads), and speculative decoding's tok/s came out the same
+# (suffix drafts are mostly 2-4 tokens) while plain decoding lost those 5-9%: a speedup that
+# only a slower baseline buys. Their gain goes to the wide passes instead (wide_gemm.py).
+CANDIDATES = ("widened", "pairs")
 
 
 @lru_cache(maxsize=None)
@@ -44,7 +49,7 @@ def fastest_bf16_path(lib) -> str:
     """The path (ops.BF16_PATHS) this machine should multiply bf16 weights on."""
     from .ops import BF16_PATHS, bf16_paths
 
-    available = bf16_paths(lib)
+    available = [p for p in bf16_paths(lib) if p in CANDIDATES]
     forced = os.environ.get(OVERRIDE)
     if forced is not None:
         if forced not in BF16_PATHS:
@@ -73,7 +78,7 @@ def time_paths(lib) -> dict[str, float]:
     g = torch.Generator().manual_seed(0)
     weights = [(torch.randn(PROBE_OUT, PROBE_IN, generator=g) * 0.02).to(torch.bfloat16) for _ in range(COPIES)]
     xs = [torch.randn(rows, PROBE_IN, generator=g) for rows in PROBE_ROWS]
-    paths = {name: NativeOps(lib, bf16_path=name) for name in bf16_paths(lib)}
+    paths = {name: NativeOps(lib, bf16_path=name) for name in bf16_paths(lib) if name in CANDIDATES}
     packed = {name: [ops.pack(w) for w in weights] for name, ops in paths.items()}
     samples: dict[str, list[float]] = {name: [] for name in paths}
     for _ in range(ROUNDS):

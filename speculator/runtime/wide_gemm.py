@@ -1,19 +1,22 @@
-"""Wide passes (a prompt's prefill, batched generation) on torch's bf16 GEMM where it pays.
+"""Wide passes (a prompt's prefill, batched generation) on a faster GEMM where one pays.
 
-native.c's GEMM streams weights once per pass and runs at the CPU's fp32 FMA peak once a
-pass has more than a few rows; that is the right kernel for decoding and verification
-(1..30 rows, bandwidth-bound). A 130-token prefill or a 32-row generation step is
-compute-bound instead, and on CPUs with AMX tiles (Intel Sapphire Rapids and later) torch's
-bf16 GEMM (oneDNN) multiplies 4x faster than the FMA peak (docs/results.md). Elsewhere it
-is slower than the native kernels, so whether and from how many rows to use it is measured
-once per machine and remembered (machine_records.py), like pair_choice.py's choice.
+native.c's GEMM on the decoding path (ops.py: fp32 FMAs or vdpbf16ps) streams weights once
+per pass and runs at the CPU's FMA peak once a pass has more than a few rows; that is the
+right kernel for decoding and verification (1..30 rows, bandwidth-bound). A 130-token
+prefill or a 32-row generation step is compute-bound instead, and CPUs with AMX tiles
+(Intel Sapphire Rapids and later) multiply bf16 several times faster there. Two engines use
+them: native.c's own tile GEMM (`amx`: the whole layer stack in one call, as decoding runs
+it) and torch's bf16 GEMM (`torch`, oneDNN: a Python call per linear). Elsewhere both are
+slower than the decoding path, so whether, on which engine and from how many rows is
+measured once per machine and remembered (machine_records.py), like pair_choice.py's choice.
 
-Its rows are not bit-for-bit what a 1-row pass computes (inputs and outputs rounded to
+A wide engine's rows are not bit-for-bit what the decoding path computes (inputs rounded to
 bf16, another summation order), so a pass uses it only when its caller allows
 (`invariant=False`): a request's prefill, the same pass in plain and speculative decoding,
 and batched self-distillation. Verification never does: speculative decoding's output
 equals plain decoding's because its verification rows equal 1-row passes (ops.py).
-SPECLAB_WIDE_GEMM=0 turns it off; SPECLAB_WIDE_GEMM=<rows> forces it from that many rows.
+SPECLAB_WIDE_GEMM=0 turns it off; SPECLAB_WIDE_GEMM=<rows> forces it from that many rows
+(on AMX tiles where the CPU has them, else torch's GEMM).
 """
 
 from __future__ import annotations
@@ -35,23 +38,25 @@ RECORDS = "wide-gemm"  # the speclab cache folder of the remembered choices
 # SmolLM2's MLP up-projection (gate and up fused) at the widths the choice can start from.
 PROBE_ROWS, PROBE_OUT, PROBE_IN = (16, 32, 64, 128), 3072, 576
 ROUNDS, CALLS = 5, 4
-# How much faster than the native GEMM torch's must be at a width to be used from it. The
-# LM head is one call either way: a clear win (a probe is short, a machine noisy). The
-# layers are one native call for the whole stack but ~8 calls per layer on the wide path,
-# so the GEMMs must save more than that Python cost: on an AMX Xeon, SmolLM2's 32-token
-# prefill was 11% slower wide although the probe's GEMM was 1.5x faster, and 64 tokens 1.3x
-# faster (docs/results.md).
+# How much faster than the decoding path's GEMM a wide engine must be at a width to be used
+# from it. The LM head is one call either way: a clear win (a probe is short, a machine
+# noisy). torch's layers are ~8 calls per layer against one native call for the whole
+# stack, so its GEMMs must save more than that Python cost: on an AMX Xeon, SmolLM2's
+# 32-token prefill was 11% slower on torch although the probe's GEMM was 1.5x faster, and 64
+# tokens 1.3x faster (docs/results.md). The AMX engine's layers are one call, as the head.
 HEAD_MARGIN, LAYER_MARGIN = 0.8, 0.6
-RECORD_KEY = [PROBE_ROWS, PROBE_OUT, PROBE_IN, HEAD_MARGIN, LAYER_MARGIN]
+ENGINES = ("amx", "torch")
+RECORD_KEY = [PROBE_ROWS, PROBE_OUT, PROBE_IN, HEAD_MARGIN, LAYER_MARGIN, ENGINES]
 
 
 @dataclass(frozen=True)
 class WideChoice:
-    """From how many rows a pass that allows it (`invariant=False`) runs on torch's GEMM:
-    its LM head, its layers; None: never."""
+    """From how many rows a pass that allows it (`invariant=False`) runs on the wide engine:
+    its LM head, its layers; None: never. engine: `amx` (native.c's tiles) or `torch`."""
 
     head_rows: int | None = None
     layer_rows: int | None = None
+    engine: str = "torch"
 
     @property
     def used(self) -> bool:
@@ -84,8 +89,14 @@ def wide_choice(native_ops) -> WideChoice:
     if forced is not None:
         if not forced.isdigit():
             raise ValueError(f"SPECLAB_WIDE_GEMM must be 0 (off) or a row count, got {forced!r}")
-        return WideChoice(int(forced) or None, int(forced) or None)
+        if not int(forced):
+            return WideChoice()
+        return WideChoice(int(forced), int(forced), "amx" if _has_amx(native_ops.lib) else "torch")
     return _measured_choice(native_ops.lib, native_ops.bf16_path)
+
+
+def _has_amx(lib) -> bool:
+    return bool(getattr(lib, "lean_amx", lambda: 0)())
 
 
 def _rows(record: dict, key: str) -> int | None:
@@ -97,33 +108,46 @@ def _rows(record: dict, key: str) -> int | None:
 
 @lru_cache(maxsize=None)
 def _measured_choice(lib, bf16_path: str) -> WideChoice:
-    """bf16_path: the native GEMM's path (ops.BF16_PATHS) torch's is measured against: on an
-    AMX Xeon, native.c's own tiles beat torch's GEMM at 16-128 rows, vdpbf16ps did not."""
+    """bf16_path: the decoding path's GEMM (ops.BF16_PATHS) the engines are measured against."""
     key = RECORD_KEY + [bf16_path]
     record = machine_records.read(RECORDS, key)
     if record is not None:
         try:
-            return WideChoice(_rows(record, "head_rows"), _rows(record, "layer_rows"))
+            engine = record.get("engine")
+            if engine not in ENGINES or (engine == "amx" and not _has_amx(lib)):
+                raise ValueError(f"engine={engine!r}")
+            return WideChoice(_rows(record, "head_rows"), _rows(record, "layer_rows"), engine)
         except ValueError as exc:
             log.warning("ignoring a malformed wide-GEMM record (%s): measuring again", exc)
     ms = time_paths(lib, bf16_path)
-
-    def first_win(margin: float) -> int | None:
-        return next((r for r in PROBE_ROWS if ms["torch"][str(r)] < margin * ms["native"][str(r)]), None)
-
-    choice = WideChoice(first_win(HEAD_MARGIN), first_win(LAYER_MARGIN))
+    choice = choose(ms)
     try:
-        machine_records.write(RECORDS, key, {"head_rows": choice.head_rows, "layer_rows": choice.layer_rows,
-                                                    "probe_ms": ms, "machine": machine_records.machine_name()})
+        machine_records.write(RECORDS, key, {"engine": choice.engine, "head_rows": choice.head_rows,
+                                             "layer_rows": choice.layer_rows, "probe_ms": ms,
+                                             "machine": machine_records.machine_name()})
     except OSError as exc:  # a read-only cache costs a probe per process, not the run
         log.warning("could not remember the wide-pass GEMM choice (%s): it is measured again next time", exc)
     log.info("wide passes: %s (probe ms %s)", choice, ms)
     return choice
 
 
+def choose(ms: dict[str, dict[str, float]]) -> WideChoice:
+    """The engine faster at the widest probe, from the first width where it clearly beats the
+    decoding path (HEAD_MARGIN, LAYER_MARGIN)."""
+    engines = [e for e in ENGINES if e in ms]
+    widest = str(max(PROBE_ROWS))
+    engine = min(engines, key=lambda e: ms[e][widest])
+    layer_margin = HEAD_MARGIN if engine == "amx" else LAYER_MARGIN
+
+    def first_win(margin: float) -> int | None:
+        return next((r for r in PROBE_ROWS if ms[engine][str(r)] < margin * ms["native"][str(r)]), None)
+
+    return WideChoice(first_win(HEAD_MARGIN), first_win(layer_margin), engine)
+
+
 def time_paths(lib, bf16_path: str) -> dict[str, dict[str, float]]:
-    """Median ms per probe width on each path (the native GEMM on bf16_path), the paths
-    alternated so that a burst of load hits both."""
+    """Median ms per probe width on the decoding path (`native`, its GEMM on bf16_path) and
+    each engine this machine has, the paths alternated so that a burst of load hits all."""
     from .ops import NativeOps
 
     g = torch.Generator().manual_seed(0)
@@ -131,9 +155,13 @@ def time_paths(lib, bf16_path: str) -> dict[str, dict[str, float]]:
     ops = NativeOps(lib, bf16_path=bf16_path)
     packed, wide = ops.pack(w), WideLinear(w, None)
     paths = {"native": lambda x: ops.linear(x, packed), "torch": wide}
+    if _has_amx(lib):
+        amx = NativeOps(lib, bf16_path="amx")
+        amx_packed = amx.pack(w)
+        paths["amx"] = lambda x: amx.linear(x, amx_packed)
     samples: dict[str, dict[int, list[float]]] = {name: {r: [] for r in PROBE_ROWS} for name in paths}
     xs = {r: torch.randn(r, PROBE_IN, generator=g) for r in PROBE_ROWS}
-    for name, run in paths.items():  # warm both (oneDNN builds its kernel on a shape's first call)
+    for name, run in paths.items():  # warm them (oneDNN builds its kernel on a shape's first call)
         for x in xs.values():
             run(x)
     for _ in range(ROUNDS):
@@ -144,4 +172,3 @@ def time_paths(lib, bf16_path: str) -> dict[str, dict[str, float]]:
                     run(x)
                 samples[name][r].append((time.perf_counter() - start) * 1e3 / CALLS)
     return {name: {str(r): round(statistics.median(v), 4) for r, v in per.items()} for name, per in samples.items()}
-

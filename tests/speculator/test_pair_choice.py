@@ -35,26 +35,34 @@ def fresh(tmp_path, monkeypatch):
 
 def test_the_fastest_path_is_measured_once_and_remembered(fresh, monkeypatch):
     calls = []
-    ms = {"widened": 2.0, "pairs": 1.5, "amx": 1.0}
+    ms = {"widened": 2.0, "pairs": 1.5}
     monkeypatch.setattr(pair_choice, "time_paths", lambda lib: calls.append(1) or ms)
-    assert pair_choice.fastest_bf16_path(FakeLib(True, amx=True)) == "amx"
+    assert pair_choice.fastest_bf16_path(FakeLib(True)) == "pairs"
     pair_choice.fastest_bf16_path.cache_clear()  # a new process: the record, not a new measurement
     monkeypatch.setattr(pair_choice, "time_paths", lambda lib: pytest.fail("measured twice"))
-    assert pair_choice.fastest_bf16_path(FakeLib(True, amx=True)) == "amx" and calls == [1]
+    assert pair_choice.fastest_bf16_path(FakeLib(True)) == "pairs" and calls == [1]
     record = machine_records.read(pair_choice.RECORDS, pair_choice.RECORD_KEY)
     assert record["probe_ms"] == ms
 
 
-def test_a_record_that_does_not_fit_this_build_is_measured_again(fresh, monkeypatch):
-    """A corrupt record, and one made before a path existed (an older build's two paths),
-    are measured again among the paths this build has."""
-    monkeypatch.setattr(pair_choice, "time_paths", lambda lib: {"widened": 2.0, "pairs": 3.0, "amx": 1.0})
-    machine_records.write(pair_choice.RECORDS, pair_choice.RECORD_KEY, {"path": "yes"})
-    assert pair_choice.fastest_bf16_path(FakeLib(True, amx=True)) == "amx"
+def test_amx_tiles_are_taken_by_the_override_only(fresh, monkeypatch):
+    """Where a build has them, they are neither measured nor chosen unless asked for."""
+    monkeypatch.setattr(pair_choice, "time_paths", lambda lib: {"widened": 2.0, "pairs": 3.0})
+    assert pair_choice.fastest_bf16_path(FakeLib(True, amx=True)) == "widened"
     pair_choice.fastest_bf16_path.cache_clear()
-    machine_records.write(pair_choice.RECORDS, pair_choice.RECORD_KEY,
-                          {"path": "pairs", "probe_ms": {"widened": 2.0, "pairs": 1.0}})
+    monkeypatch.setenv(pair_choice.OVERRIDE, "amx")
     assert pair_choice.fastest_bf16_path(FakeLib(True, amx=True)) == "amx"
+
+
+def test_a_record_that_does_not_fit_this_build_is_measured_again(fresh, monkeypatch):
+    """A corrupt record, and one made among other paths (a build without bf16 pairs), are
+    measured again among the paths this build has."""
+    monkeypatch.setattr(pair_choice, "time_paths", lambda lib: {"widened": 2.0, "pairs": 1.0})
+    machine_records.write(pair_choice.RECORDS, pair_choice.RECORD_KEY, {"path": "yes"})
+    assert pair_choice.fastest_bf16_path(FakeLib(True)) == "pairs"
+    pair_choice.fastest_bf16_path.cache_clear()
+    machine_records.write(pair_choice.RECORDS, pair_choice.RECORD_KEY, {"path": "widened", "probe_ms": {"widened": 2.0}})
+    assert pair_choice.fastest_bf16_path(FakeLib(True)) == "pairs"
 
 
 def test_a_cache_that_cannot_be_written_still_gives_the_choice(fresh, monkeypatch):
@@ -88,4 +96,4 @@ def test_a_path_asked_of_a_build_without_it_is_refused():
 def test_the_probe_times_every_real_path():
     lib = native.load()
     ms = pair_choice.time_paths(lib)
-    assert set(ms) == set(bf16_paths(lib)) and all(v > 0 for v in ms.values())
+    assert set(ms) == set(bf16_paths(lib)) & set(pair_choice.CANDIDATES) and all(v > 0 for v in ms.values())

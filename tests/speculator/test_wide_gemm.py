@@ -64,6 +64,23 @@ def test_the_choice_is_measured_once_and_remembered(fresh, monkeypatch):
     assert wide_gemm.wide_choice(FakeOps()) == WideChoice(16, 16) and calls == [1]
 
 
+def test_the_amx_engine_is_taken_where_faster_and_its_layers_need_no_python_margin(fresh, monkeypatch):
+    """Its layers are one native call, like the head: both start where it is under 0.8x the
+    decoding path. torch faster at the widest probe takes it back, with its own margins."""
+    ms = probe({16: 0.9, 32: 0.7, 64: 0.5, 128: 0.3})
+    ms["amx"] = {"16": 0.9, "32": 0.7, "64": 0.4, "128": 0.2}
+    assert wide_gemm.choose(ms) == WideChoice(32, 32, "amx")
+    ms["amx"]["128"] = 0.35
+    assert wide_gemm.choose(ms) == WideChoice(32, 64, "torch")
+
+
+def test_a_record_of_the_amx_engine_on_a_machine_without_it_is_measured_again(fresh, monkeypatch):
+    machine_records.write(wide_gemm.RECORDS, wide_gemm.RECORD_KEY + ["amx"],
+                          {"engine": "amx", "head_rows": 16, "layer_rows": 16})
+    monkeypatch.setattr(wide_gemm, "time_paths", lambda lib, path: probe({128: 0.5}))
+    assert wide_gemm.wide_choice(FakeOps()) == WideChoice(128, 128, "torch")
+
+
 def test_the_choice_is_remembered_per_native_path(fresh, monkeypatch):
     """Torch's GEMM is measured against the native path in use: a choice made against AMX
     tiles must not be read back for vdpbf16ps (SPECLAB_BF16_PATH=pairs), nor the reverse."""
@@ -110,14 +127,18 @@ def test_wide_linear_adds_its_bias_and_accumulates_in_place():
     assert linear(x, out=residual) is residual and torch.allclose(residual, want + 1, rtol=1e-2, atol=1e-2)
 
 
-@pytest.fixture
-def decoders(monkeypatch):
-    """The tiny bf16 target twice: wide passes forced from 1 row, and never."""
+AMX = native.load() is not None and bool(native.load().lean_amx())
+
+
+@pytest.fixture(params=["torch", pytest.param("amx", marks=pytest.mark.skipif(not AMX, reason="no AMX tiles here"))])
+def decoders(request, monkeypatch):
+    """The tiny bf16 target twice: wide passes forced from 1 row (on each engine), and never."""
+    monkeypatch.setattr(wide_gemm, "_has_amx", lambda lib: request.param == "amx")
     monkeypatch.setenv("SPECLAB_WIDE_GEMM", "1")
     wide = tiny_llama(dtype="bf16", lean_backend="native", init_std=0.02).lean
     monkeypatch.setenv("SPECLAB_WIDE_GEMM", "0")
     narrow = tiny_llama(dtype="bf16", lean_backend="native", init_std=0.02).lean
-    assert wide.wide == WideChoice(1, 1) and narrow.wide == WideChoice()
+    assert wide.wide == WideChoice(1, 1, request.param) and narrow.wide == WideChoice()
     return wide, narrow
 
 
