@@ -357,21 +357,10 @@ static void amx_block(const uint16_t *xb, int64_t ld, const uint16_t *panel, int
         _tile_dpbf16ps(0, 2, 3);
         _tile_dpbf16ps(1, 2, 4);
     }
-    float out[AMX_ROWS * NR];
+    vf out[AMX_ROWS * RB]; /* row i's outputs as RB vectors: store_tile's accumulator layout */
     _tile_stored(0, out, NR * 4);
-    _tile_stored(1, out + AMX_ROWS, NR * 4);
-    for (int i = 0; i < rows; i++)
-        for (int r = 0; r < NR; r += VL) {
-            int n = n0 + r;
-            vf v = load_f32(out + i * NR + r);
-            float *yi = y + i * ldy;
-            if (n + VL <= N) {
-                if (accumulate) v = load_f32(yi + n) + v;
-                store_f32(yi + n, v);
-            } else {
-                for (int j = 0; j < VL && n + j < N; j++) yi[n + j] = accumulate ? yi[n + j] + v[j] : v[j];
-            }
-        }
+    _tile_stored(1, out + 1, NR * 4);
+    store_tile(out, rows, RB, y, ldy, n0, N, accumulate);
 }
 
 static void gemm_bf16_amx(const float *x, int64_t ldx, const uint16_t *w, float *y, int64_t ldy,
