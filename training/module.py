@@ -17,12 +17,16 @@ from .features import to_features
 
 class SpeculatorModule(L.LightningModule):
     def __init__(self, speculator: Speculator, target: FrozenTarget, objective: Objective,
-                 optimizer: Callable, warmup_steps: int, total_steps: int, online: bool):
+                 optimizer: Callable, warmup_steps: int, total_steps: int, online: bool, precision: str = "fp32"):
         super().__init__()
         self.speculator = speculator
         # The target is frozen and not ours to checkpoint: keep it out of the module tree.
         self._target = [target]
         self.online = online
+        # bf16: the speculator's forward under autocast (its backward follows the forward's
+        # dtypes); weights, gradients and AdamW stay fp32. Our autocast, not Lightning's
+        # bf16-mixed plugin, which refuses gradient clipping beside a fused optimizer.
+        self.precision = precision
         self.objective = objective
         self.make_optimizer = optimizer
         self.warmup_steps, self.total_steps = warmup_steps, total_steps
@@ -45,11 +49,14 @@ class SpeculatorModule(L.LightningModule):
                 head = head[columns.to(head.device)]
             self._head_rows = (columns, head.float() if head.device.type == "cpu" else head)
         head = self._head_rows[1]
-        return F.linear(hidden.to(head.dtype), head).float()
+        with torch.autocast(hidden.device.type, enabled=False):  # the teacher in fp32 under bf16 training too
+            return F.linear(hidden.to(head.dtype), head).float()
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         feats = to_features(batch, self._target[0] if self.online else None, self.speculator.target_layer_ids)
-        loss, metrics = self.speculator.loss(feats, self.objective, self.target_logits)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
+            loss, metrics = self.speculator.loss(feats, self.objective, self.target_logits)
+        loss = loss.float()
         if self.loss_fault is not None:
             loss = self.loss_fault(loss)
         self.last_loss = loss.detach()

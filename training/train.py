@@ -27,6 +27,7 @@ from .features import FeatureDataset, collate
 from .loggers import build_loggers
 from .losses import objective
 from .module import SpeculatorModule
+from .precision import choose_precision
 from .progress import LoopState, Progress
 from .sampler import positioned_loader
 from .stages import enter_stage, stage_ends, stage_of
@@ -47,8 +48,9 @@ def fit(speculator: Speculator, target: FrozenTarget, dataset: FeatureDataset | 
     watchdog = Watchdog(WatchdogConfig(**_plain(cfg.watchdog)), run_dir / WATCHDOG_FILE)
     injector = FaultInjector(FaultConfig(**_plain(faults or {})), run_dir, store.root, cfg.accumulate_grad_batches)
     total = ends[-1]
+    precision, precision_record = choose_precision(cfg.get("precision", "auto"), target.device)
     module = SpeculatorModule(speculator, target, objective(cfg.objective, cfg.fused_loss), instantiate(cfg.optimizer),
-                              cfg.warmup_steps, total, online=cfg.features == "online")
+                              cfg.warmup_steps, total, online=cfg.features == "online", precision=precision)
     heartbeat = Heartbeat(run_dir)
     while True:
         resume = store.load_latest()
@@ -69,6 +71,7 @@ def fit(speculator: Speculator, target: FrozenTarget, dataset: FeatureDataset | 
             roll_back(exc.trip, store, watchdog, loop.started_position)
     return {"steps": state.step, "tokens": state.tokens, "wall_s": time.time() - start,
             "final_loss": state.losses[-1] if state.losses else None, "loss_history": state.losses,
+            "precision": precision, "precision_choice": precision_record,
             "rollbacks": len(watchdog.ledger.rollbacks), "rollback_log": watchdog.ledger.rollbacks,
             "lr_scale": watchdog.ledger.lr_scale, "faults": fired(run_dir),
             "stages": [{"end_step": end, "examples": n} for end, n in zip(ends, sizes)],

@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import logging
 import os
-import statistics
-import time
 from functools import lru_cache
 
 import torch
 
 from .. import machine_records
+from ..timing import alternated_ms
 
 log = logging.getLogger(__name__)
 RECORDS = "bf16-gemm-path"  # the speclab cache folder of the remembered choices
@@ -80,13 +79,9 @@ def time_paths(lib) -> dict[str, float]:
     xs = [torch.randn(rows, PROBE_IN, generator=g) for rows in PROBE_ROWS]
     paths = {name: NativeOps(lib, bf16_path=name) for name in bf16_paths(lib) if name in CANDIDATES}
     packed = {name: [ops.pack(w) for w in weights] for name, ops in paths.items()}
-    samples: dict[str, list[float]] = {name: [] for name in paths}
-    for _ in range(ROUNDS):
-        for name, ops in paths.items():
-            start = time.perf_counter()
-            for _ in range(CALLS):
-                for x in xs:
-                    for w in packed[name]:
-                        ops.linear(x, w)
-            samples[name].append((time.perf_counter() - start) * 1e3 / CALLS)
-    return {name: round(statistics.median(v), 4) for name, v in samples.items()}
+
+    def probe(name: str):
+        ops = paths[name]
+        return lambda: [ops.linear(x, w) for x in xs for w in packed[name]]
+
+    return alternated_ms({name: probe(name) for name in paths}, ROUNDS, CALLS, warm=False)

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import logging
 import os
-import statistics
-import time
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -32,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import machine_records
+from ..timing import alternated_ms
 
 log = logging.getLogger(__name__)
 RECORDS = "wide-gemm"  # the speclab cache folder of the remembered choices
@@ -159,16 +158,7 @@ def time_paths(lib, bf16_path: str) -> dict[str, dict[str, float]]:
         amx = NativeOps(lib, bf16_path="amx")
         amx_packed = amx.pack(w)
         paths["amx"] = lambda x: amx.linear(x, amx_packed)
-    samples: dict[str, dict[int, list[float]]] = {name: {r: [] for r in PROBE_ROWS} for name in paths}
     xs = {r: torch.randn(r, PROBE_IN, generator=g) for r in PROBE_ROWS}
-    for name, run in paths.items():  # warm them (oneDNN builds its kernel on a shape's first call)
-        for x in xs.values():
-            run(x)
-    for _ in range(ROUNDS):
-        for r, x in xs.items():
-            for name, run in paths.items():
-                start = time.perf_counter()
-                for _ in range(CALLS):
-                    run(x)
-                samples[name][r].append((time.perf_counter() - start) * 1e3 / CALLS)
-    return {name: {str(r): round(statistics.median(v), 4) for r, v in per.items()} for name, per in samples.items()}
+    per_width = {r: alternated_ms({name: (lambda run=run, x=x: run(x)) for name, run in paths.items()}, ROUNDS, CALLS)
+                 for r, x in xs.items()}
+    return {name: {str(r): per_width[r][name] for r in PROBE_ROWS} for name in paths}
