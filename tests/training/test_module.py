@@ -60,3 +60,30 @@ def test_fused_and_unfused_losses_agree_against_a_bf16_target(bf16_target):
     (fused, met_f), (unfused, met_u) = losses
     assert fused == pytest.approx(unfused, rel=1e-5)
     assert met_f["acc_pos0"] == met_u["acc_pos0"]
+
+
+def test_bf16_training_multiplies_in_bf16_and_keeps_the_teacher_and_weights_fp32():
+    """precision=bf16: the draft's products in bf16 (its loss moves by bf16 rounding, not
+    more), the teacher's logits the fp32 ones bit for bit, gradients and weights fp32."""
+    target = tiny_llama()
+    torch.manual_seed(0)
+    spec = build_speculator("mlp", dict(n_predict=2, inner_dim=16), TargetInfo.of(target))
+    ids, hidden = _hidden(target, seed=2)
+    batch = {"input_ids": ids, "hidden": hidden, "loss_mask": torch.ones_like(ids, dtype=torch.bool)}
+    teachers, losses = {}, {}
+    for name in ("fp32", "bf16"):
+        module = SpeculatorModule(spec, target, objective("kl", "never"), optimizer=None, warmup_steps=1,
+                                  total_steps=1, online=False, precision=name)
+        module.log = module.log_dict = lambda *a, **k: None  # no trainer here
+        teacher = module.target_logits
+        module.target_logits = lambda h, c, name=name: teachers.setdefault(name, teacher(h, c))
+        spec.zero_grad(set_to_none=True)
+        loss = module.training_step(batch, 0)
+        loss.backward()
+        losses[name] = loss.item()
+        assert loss.dtype == torch.float32
+        assert all(p.grad is None or p.grad.dtype == torch.float32 for p in spec.parameters())
+    assert all(p.dtype == torch.float32 for p in spec.parameters())
+    torch.testing.assert_close(teachers["bf16"], teachers["fp32"], rtol=0, atol=0)
+    assert teachers["bf16"].dtype == torch.float32
+    assert 0 < abs(losses["bf16"] - losses["fp32"]) < 2e-2 * abs(losses["fp32"])

@@ -94,3 +94,18 @@ def test_a_permanent_spike_exhausts_the_rollback_budget_and_fails(runs):
                "training.watchdog.max_rollbacks=2")
     assert out.status == "failed" and "rollback budget exhausted" in out.reason
     assert out.train["rollbacks"] == 2 and out.train["restarts"] == 0  # fatal: not retried
+
+
+def test_bf16_training_resumes_bitwise_equal_and_says_so(runs):
+    """Under bf16 autocast too: a crash inside gradient accumulation resumes to the same bits.
+    Its weights differ from the fp32 run's (the products are bf16), and result.json says which."""
+    clean = runs("bf16-clean", "training.precision=bf16")
+    crashed = runs("bf16-sigkill-8-1", "training.precision=bf16", "faults=sigkill", "faults.at_step=8",
+                   "faults.at_micro_batch=1")
+    assert clean.status == crashed.status == "completed", (clean.reason, crashed.reason)
+    assert crashed.train["restarts"] == 1
+    assert crashed.train["final_weights_sha256"] == clean.train["final_weights_sha256"]
+    assert crashed.train["loss_history"] == clean.train["loss_history"]
+    assert clean.train["final_weights_sha256"] != runs.clean.train["final_weights_sha256"]
+    assert clean.train["precision"] == "bf16" and runs.clean.train["precision"] == "fp32"
+    assert clean.train["precision_choice"]["source"] == "config"
