@@ -45,6 +45,9 @@ class _NativeForwardKL(torch.autograd.Function):
         return (grad * g_loss[:, None]).to(ctx.draft_dtype), None, None
 
 
+NATIVE = True  # False: torch's passes everywhere (training/step_bench.py times both)
+
+
 def _native_lib():
     from speclab.speculator.runtime import native
 
@@ -54,7 +57,7 @@ def _native_lib():
 def forward_kl_rows(draft_logits: torch.Tensor, target_logits: torch.Tensor, lib=None):
     """(loss [N] fp32, draft argmax [N], target argmax [N]); draft [N, V] fp32 or bf16.
     `lib`: a build of the CPU kernels (native.load(march)); default this machine's."""
-    if lib is None and draft_logits.device.type == "cpu":
+    if lib is None and draft_logits.device.type == "cpu" and NATIVE:
         lib = _native_lib()
     if lib is None or draft_logits.dtype not in (torch.float32, torch.bfloat16) or draft_logits.dim() != 2:
         return forward_kl_torch(draft_logits, target_logits)

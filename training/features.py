@@ -355,14 +355,23 @@ def _write_layers(target: FrozenTarget, store: FeatureStore, layer_ids: list[int
     t0 = time.perf_counter()
     ids = [store.input_ids[store.offsets[e] : store.offsets[e + 1]].tolist() for e in range(len(store))]
     tag = f".tmp{os.getpid()}"
-    arrays = {j: _new_memmap(store.path / (_layer_file(j) + tag), target, len(store.input_ids), store.dtype)
-              for j in layer_ids}
-    for i, batch_out, row, n in _target_passes(target, ids, batch_size, progress, layer_ids):
-        for j, array in arrays.items():
-            _store_rows(array, int(store.offsets[i]), batch_out.layers[j][row, :n], store.dtype)
-    for j in layer_ids:
-        arrays.pop(j).flush()
-        os.replace(store.path / (_layer_file(j) + tag), store.path / _layer_file(j))
+    partial = [store.path / (_layer_file(j) + tag) for j in layer_ids]
+    try:
+        arrays = {}
+        for j, path in zip(layer_ids, partial):  # one at a time: a full disk fails at its file
+            arrays[j] = _new_memmap(path, target, len(store.input_ids), store.dtype)
+        for i, batch_out, row, n in _target_passes(target, ids, batch_size, progress, layer_ids):
+            for j, array in arrays.items():
+                _store_rows(array, int(store.offsets[i]), batch_out.layers[j][row, :n], store.dtype)
+        for j, path in zip(layer_ids, partial):
+            arrays.pop(j).flush()
+            os.replace(path, store.path / _layer_file(j))
+    finally:
+        # A failed pass (a full disk at the third layer, an interrupt) leaves no partial files:
+        # each is the size of the whole store's hidden states (4 GB for a 1.8M-token cache).
+        arrays = None
+        for path in partial:
+            path.unlink(missing_ok=True)
     return len(store.input_ids), time.perf_counter() - t0
 
 

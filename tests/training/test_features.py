@@ -114,3 +114,28 @@ def test_layers_collate_and_online_equal_offline(target, tmp_path):
     torch.testing.assert_close(online.layers[mask], expected, rtol=0, atol=1e-5 * expected.abs().max().item())
     with pytest.raises(ValueError, match="lacks target features"):
         to_features(collate([FeatureDataset(store=store)[i] for i in range(3)]), None, ids)
+
+
+def test_a_failed_layer_pass_leaves_no_partial_files(target, tmp_path, monkeypatch):
+    """A full disk at the second layer's file (as CacheSpaceError raises it): the first layer's
+    file, as large as the store's hidden states, is removed, and a later call builds both."""
+    import speclab.training.features as features
+
+    data = examples(4)
+    build_feature_store(target, data, "fp", tmp_path, batch_size=3, progress=False)
+    real, made = features._new_memmap, []
+
+    def second_fails(path, *a, **k):
+        made.append(path)
+        if len(made) == 2:
+            raise OSError(28, "not enough space")
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(features, "_new_memmap", second_fails)
+    with pytest.raises(OSError, match="not enough space"):
+        build_feature_store(target, data, "fp", tmp_path, batch_size=3, progress=False, layer_ids=(0, 2))
+    assert made and not any(p.exists() for p in made)
+    assert not list(made[0].parent.glob("*.tmp*"))
+    monkeypatch.setattr(features, "_new_memmap", real)
+    store = build_feature_store(target, data, "fp", tmp_path, batch_size=3, progress=False, layer_ids=(0, 2))
+    assert tuple(store.layers) == (0, 2)
