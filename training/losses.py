@@ -63,11 +63,14 @@ class VocabObjective:
     def __call__(self, draft_logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
         return (forward_kl if self.kind == "kl" else ce_on_argmax)(draft_logits, target_logits)
 
-    def rows(self, draft_logits: torch.Tensor, target_logits: torch.Tensor):
-        """(loss [N], draft argmax [N], target argmax [N]) from logits. "kl" in one native pass
-        per row on the CPU (speclab.kernels.forward_kl: 4.4x torch's passes at [508, 8192])."""
+    def rows(self, draft_logits: torch.Tensor, target_logits: torch.Tensor, target_rows: torch.Tensor | None = None):
+        """(loss [N], draft argmax [N], target argmax [N]) from logits, draft row n against
+        target row target_rows[n] (n where None). "kl" in one native pass per row on the CPU
+        (speclab.kernels.forward_kl: 4.4x torch's passes at [508, 8192])."""
         if self.kind == "kl":
-            return forward_kl_rows(draft_logits, target_logits)
+            return forward_kl_rows(draft_logits, target_logits, target_rows=target_rows)
+        if target_rows is not None:
+            target_logits = target_logits[target_rows]
         target_arg = target_logits.max(-1).indices
         loss = F.cross_entropy(draft_logits.float(), target_arg, reduction="none")
         return loss, draft_logits.detach().max(-1).indices, target_arg

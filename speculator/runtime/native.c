@@ -782,7 +782,8 @@ void lean_layers(const lean_layer *layers, int l0, int l1, int weights, float *x
 }
 
 /* --- Training: forward KL over a vocabulary, fused ------------------------------------------
- * Per row n of draft logits d[N, V] (fp32, or bf16 where d_bf16) and the target's t[N, V]:
+ * Per row n of draft logits d[N, V] (fp32, or bf16 where d_bf16) and the target's row
+ * t[t_rows[n]] (t[n] where t_rows is NULL: the rows of a later draft step are a subset):
  *   loss[n] = KL(p || q) = sum_v p_v (log p_v - log q_v), p = softmax(t), q = softmax(d),
  *   grad[n] = q - p (d loss / d d; the caller scales it by the upstream gradient),
  *   d_arg[n], t_arg[n] = the first index of each row's maximum (the metrics' agreement).
@@ -813,15 +814,15 @@ static inline void row_max_arg(const void *x, int64_t at, int V, int bf16, float
     *top = best, *arg = where;
 }
 
-void lean_forward_kl(const void *d, int d_bf16, const float *t, int N, int V, float *loss, float *grad,
-                     int64_t *d_arg, int64_t *t_arg) {
+void lean_forward_kl(const void *d, int d_bf16, const float *t, const int64_t *t_rows, int N, int V, float *loss,
+                     float *grad, int64_t *d_arg, int64_t *t_arg) {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
-        int64_t at = (int64_t)n * V;
-        const float *tn = t + at;
+        int64_t at = (int64_t)n * V, t_at = (t_rows ? t_rows[n] : n) * (int64_t)V; /* target row read in place */
+        const float *tn = t + t_at;
         float *gn = grad + at, md, mt;
         row_max_arg(d, at, V, d_bf16, &md, d_arg + n);
-        row_max_arg(t, at, V, 0, &mt, t_arg + n);
+        row_max_arg(t, t_at, V, 0, &mt, t_arg + n);
         vf sd = (vf){0}, st = (vf){0}, cross = (vf){0};
         int v = 0;
         for (; v + VL <= V; v += VL) { /* e^(d - md) kept in grad; sums of both and of e_t (t - d) */

@@ -53,3 +53,16 @@ def test_identical_distributions_cost_nothing_and_shifted_logits_are_the_same_di
     assert loss.abs().max() < 1e-5
     loss, *_ = forward_kl_rows(torch.zeros(4, 300), target)
     assert (loss > 0.5).all()
+
+
+@pytest.mark.parametrize("march", BUILDS)
+def test_target_rows_are_read_in_place(march):
+    """Draft row n against target row target_rows[n]: a later draft step's subset, and a
+    repeated row, give what the gathered rows give."""
+    draft, target = _case(7, 300, seed=3)
+    rows = torch.tensor([6, 0, 2, 2, 5, 1, 3])
+    ref = _run(forward_kl_torch, draft, target[rows], torch.float32)
+    got = _run(forward_kl_rows, draft, target, torch.float32, lib=native.load(march), target_rows=rows)
+    assert torch.equal(got[1], ref[1]) and torch.equal(got[2], ref[2])
+    torch.testing.assert_close(got[0], ref[0], rtol=1e-5, atol=2e-5)
+    torch.testing.assert_close(got[3], ref[3], rtol=1e-4, atol=1e-7)
