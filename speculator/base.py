@@ -164,8 +164,11 @@ class Speculator(nn.Module):
             rows = states[:, p, :span][mask]  # [N, D]
             if (fused is not None and weight is not None and head is not None
                     and fuses(rows.shape[0], weight.shape[0], states.device)):
-                per_row, draft_arg, target_arg = fused(
-                    rows, weight, feats.hidden[:, lo:][mask], head if target_rows is None else target_rows)  # [N] each
+                # Outside bf16 autocast: the fused loss computes the teacher's logits too, and
+                # those stay fp32 (training/module.py); it upcasts the draft's rows itself.
+                with torch.autocast(states.device.type, enabled=False):
+                    per_row, draft_arg, target_arg = fused(
+                        rows, weight, feats.hidden[:, lo:][mask], head if target_rows is None else target_rows)  # [N] each
             else:
                 draft = self.draft_head(p, rows)  # [N, V]
                 per_row, draft_arg, target_arg = _rows(objective, draft, *targets.rows_from(lo))

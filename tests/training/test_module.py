@@ -87,3 +87,20 @@ def test_bf16_training_multiplies_in_bf16_and_keeps_the_teacher_and_weights_fp32
     torch.testing.assert_close(teachers["bf16"], teachers["fp32"], rtol=0, atol=0)
     assert teachers["bf16"].dtype == torch.float32
     assert 0 < abs(losses["bf16"] - losses["fp32"]) < 2e-2 * abs(losses["fp32"])
+
+
+def test_the_fused_loss_runs_outside_bf16_autocast():
+    """The fused loss also computes the teacher's logits: under bf16 training it is called with
+    autocast off, so they stay fp32, and its loss is the one it gives outside autocast."""
+    target = tiny_llama()
+    torch.manual_seed(0)
+    spec = build_speculator("mlp", dict(n_predict=2, inner_dim=16), TargetInfo.of(target))
+    ids, hidden = _hidden(target, seed=3)
+    feats = Features(input_ids=ids, hidden=hidden, loss_mask=torch.ones_like(ids, dtype=torch.bool))
+    obj = objective("kl", "always")
+    seen = []
+    fused = obj.fused
+    object.__setattr__(obj, "fused", lambda *a: seen.append(torch.is_autocast_enabled("cpu")) or fused(*a))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        spec.loss(feats, obj, None)
+    assert seen and not any(seen)
