@@ -295,22 +295,18 @@ class _TargetLogits:
         self.logits: torch.Tensor | None = None  # [M, V'], built at the first step that needs it
         self.positions: torch.Tensor | None = None  # [M]: each row's position
 
-    def from_position(self, lo: int) -> torch.Tensor:
+    def rows_from(self, lo: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(all rows' logits [M, V'], the indices of those at positions >= lo, or None for all):
+        read in place by a fused objective (a [500, 8192] copy per draft step was ~6% of an
+        mlp training step). Every row is at a position >= shift."""
         if self.logits is None:
             with torch.no_grad():
                 self.logits = self.target_head(self.hidden[self.needed], self.columns)
             B, T = self.needed.shape
             self.positions = torch.arange(T, device=self.needed.device).expand(B, T)[self.needed]
-        return self.logits if lo <= self.shift else self.logits[self.positions >= lo]  # every row is at >= shift
-
-    def rows_from(self, lo: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """`from_position(lo)` uncopied: (all rows' logits [M, V'], the indices of its rows, or
-        None for all), for a fused objective that reads rows in place (a [500, 8192] copy per
-        draft step was ~6% of an mlp training step)."""
-        logits = self.from_position(self.shift)
         if lo <= self.shift:
-            return logits, None
-        return logits, torch.nonzero(self.positions >= lo).squeeze(1)
+            return self.logits, None
+        return self.logits, torch.nonzero(self.positions >= lo).squeeze(1)
 
 
 def _rows(objective: Objective, draft: torch.Tensor, target: torch.Tensor, target_rows: torch.Tensor | None):

@@ -11,6 +11,7 @@ written atomically; one that cannot be read is measured again.
 from __future__ import annotations
 
 import hashlib
+import logging
 import json
 import platform
 from pathlib import Path
@@ -18,6 +19,8 @@ from pathlib import Path
 import torch
 
 from .cache_lock import cache_root, write_atomic
+
+log = logging.getLogger(__name__)
 
 
 def machine_id() -> str:
@@ -54,3 +57,12 @@ def write(kind: str, parts: list, record: dict) -> None:
     path = _path(kind, parts)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(record, indent=2).encode())
+
+
+def remember(kind: str, parts: list, record: dict, what: str) -> None:
+    """`write`, where a cache that cannot be written (read-only, full) costs a probe per
+    process, not the run: logged, and `what` is measured again next time."""
+    try:
+        write(kind, parts, record)
+    except OSError as exc:
+        log.warning("could not remember %s (%s): it is measured again next time", what, exc)

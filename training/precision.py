@@ -44,10 +44,7 @@ def choose_precision(requested: str, device: torch.device) -> tuple[str, dict]:
     ms = probe_ms()
     precision = "bf16" if ms["fp32"] >= MIN_GAIN * ms["bf16"] else "fp32"
     record = {"requested": "auto", "precision": precision, "probe_ms": ms, "machine": machine_records.machine_name()}
-    try:
-        machine_records.write(RECORDS, RECORD_KEY, record)
-    except OSError as exc:  # a read-only cache costs a probe per run, not the run
-        log.warning("could not remember the training precision (%s): it is measured again next time", exc)
+    machine_records.remember(RECORDS, RECORD_KEY, record, "the training precision")
     log.info("training precision auto: %s (probe ms %s)", precision, ms)
     return precision, {**record, "source": "measured"}
 

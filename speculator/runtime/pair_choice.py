@@ -61,10 +61,7 @@ def fastest_bf16_path(lib) -> str:
         return record["path"]
     ms = time_paths(lib)
     path = min(ms, key=ms.get)
-    try:
-        machine_records.write(RECORDS, RECORD_KEY, {"path": path, "probe_ms": ms, "machine": machine_records.machine_name()})
-    except OSError as exc:  # a read-only cache costs a probe per process, not the run
-        log.warning("could not remember the bf16 GEMM path (%s): it is measured again next time", exc)
+    machine_records.remember(RECORDS, RECORD_KEY, {"path": path, "probe_ms": ms, "machine": machine_records.machine_name()}, "the bf16 GEMM path")
     log.info("bf16 GEMMs: %s (probe ms %s)", path, ms)
     return path
 

@@ -120,12 +120,9 @@ def _measured_choice(lib, bf16_path: str) -> WideChoice:
             log.warning("ignoring a malformed wide-GEMM record (%s): measuring again", exc)
     ms = time_paths(lib, bf16_path)
     choice = choose(ms)
-    try:
-        machine_records.write(RECORDS, key, {"engine": choice.engine, "head_rows": choice.head_rows,
+    machine_records.remember(RECORDS, key, {"engine": choice.engine, "head_rows": choice.head_rows,
                                              "layer_rows": choice.layer_rows, "probe_ms": ms,
-                                             "machine": machine_records.machine_name()})
-    except OSError as exc:  # a read-only cache costs a probe per process, not the run
-        log.warning("could not remember the wide-pass GEMM choice (%s): it is measured again next time", exc)
+                                             "machine": machine_records.machine_name()}, "the wide-pass GEMM choice")
     log.info("wide passes: %s (probe ms %s)", choice, ms)
     return choice
 

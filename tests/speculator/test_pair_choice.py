@@ -97,3 +97,12 @@ def test_the_probe_times_every_real_path():
     lib = native.load()
     ms = pair_choice.time_paths(lib)
     assert set(ms) == set(bf16_paths(lib)) & set(pair_choice.CANDIDATES) and all(v > 0 for v in ms.values())
+
+
+def test_a_cache_that_cannot_be_written_costs_a_warning_not_the_run(tmp_path, monkeypatch, caplog):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.setenv("SPECLAB_CACHE", str(blocker))  # every record path lies under a file
+    machine_records.remember("probe", ["k"], {"x": 1}, "the probe's answer")
+    assert "could not remember the probe's answer" in caplog.text
+    assert machine_records.read("probe", ["k"]) is None
