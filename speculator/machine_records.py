@@ -11,8 +11,8 @@ written atomically; one that cannot be read is measured again.
 from __future__ import annotations
 
 import hashlib
-import logging
 import json
+import logging
 import platform
 from pathlib import Path
 
