@@ -1,6 +1,7 @@
 """The data-scaling study's figure and table: acceptance against training tokens.
 
     python -m speclab.sweeps.plot_scaling --runs DIR [--runs DIR ...] [--out docs/data_scaling.svg] [--markdown]
+    python -m speclab.sweeps.plot_scaling --cells docs/study_cells.csv --out docs/data_scaling_grid.svg
 
 One point per counted run (completed, checked lossless, speedup measured: table.counts):
 x = the training tokens it trained on (every stage's, log scale), y = its mean acceptance
@@ -11,11 +12,19 @@ is drawn as one grid. `--markdown` prints the table (tokens x recipe x
 family: acceptance length, per-position rates, speedup, data and training seconds). The
 recipe is read from the run's resolved config (stages: two_stage; a code_corpus source:
 teacher_forced; otherwise self_distilled). Every figure comes from result.json.
+
+`--cells CSV` draws cells recorded from runs that are no longer on disk (a study spread over
+several hosts and dates): one row per scoring, with the columns of CELL_COLUMNS. `budget` is
+the tokens per data set, as the study's sweep sets `data.max_tokens`; a two_stage cell
+trained on two data sets of that budget and is placed at their sum, as its runs are. Rows
+whose recipe is `baseline` (budget 0) are drawn as the bands. The file is read as data: its
+values are checked and never evaluated.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import math
 import sys
 from pathlib import Path
@@ -25,6 +34,7 @@ from .index import load_rows
 from .table import counts, format_per_position, is_baseline
 
 W, H, PAD, LEFT, BOTTOM = 640, 360, 20, 60, 40
+DASHES = {"teacher_forced": "6 4", "two_stage": "2 3"}  # self-distilled and the rest: solid
 COLOURS = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974"]
 
 
@@ -81,6 +91,48 @@ def points_of(rows: list[dict]) -> tuple[list[dict], list[dict]]:
                         "per_position": row["per_position"], "speedup": row["speedup"],
                         "data_s": _data_seconds(data), "train_s": _number(train.get("wall_s"))})
     learned.sort(key=lambda p: (p["recipe"], p["family"], p["tokens"]))
+    return learned, baselines
+
+
+CELL_COLUMNS = ("recipe", "family", "budget", "acceptance_length", "speedup", "date", "host")
+CELL_RECIPES = ("self_distilled", "teacher_forced", "two_stage", "corpus", "baseline")
+
+
+class CellsError(ValueError):
+    """A cells file that cannot be drawn: which line, and why."""
+
+
+def _cell(row: dict, line: int) -> dict:
+    recipe, family = row["recipe"].strip(), row["family"].strip()
+    if recipe not in CELL_RECIPES:
+        raise CellsError(f"line {line}: recipe {recipe!r} is not one of {', '.join(CELL_RECIPES)}")
+    if not family:
+        raise CellsError(f"line {line}: no family")
+    try:
+        budget, length, speedup = int(row["budget"]), float(row["acceptance_length"]), float(row["speedup"])
+    except ValueError as error:
+        raise CellsError(f"line {line}: {error}") from None
+    if (recipe == "baseline") != (budget == 0) or budget < 0:
+        raise CellsError(f"line {line}: budget {budget}: a baseline has 0 tokens, a trained cell more")
+    if not (math.isfinite(length) and length >= 1.0 and math.isfinite(speedup) and speedup > 0):
+        raise CellsError(f"line {line}: acceptance {length} must be >= 1 and speedup {speedup} > 0")
+    return {"run": f"{row['date'].strip()} {row['host'].strip()}", "recipe": recipe, "family": family,
+            "tokens": budget * (2 if recipe == "two_stage" else 1), "acceptance_length": length,
+            "per_position": None, "speedup": speedup, "data_s": None, "train_s": None}
+
+
+def cells(path: Path) -> tuple[list[dict], list[dict]]:
+    """(learned cells as scaling points, baselines) from a recorded-cells CSV (CELL_COLUMNS)."""
+    with path.open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        missing = [c for c in CELL_COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise CellsError(f"no column {', '.join(missing)} (expected {','.join(CELL_COLUMNS)})")
+        rows = [_cell(row, line) for line, row in enumerate(reader, start=2)]
+    learned = sorted((r for r in rows if r["recipe"] != "baseline"),
+                     key=lambda p: (p["recipe"], p["family"], p["tokens"]))
+    baselines = [{"family": r["family"], "acceptance_length": r["acceptance_length"], "speedup": r["speedup"]}
+                 for r in rows if r["recipe"] == "baseline"]
     return learned, baselines
 
 
@@ -148,35 +200,52 @@ def svg(learned: list[dict], baselines: list[dict], title: str) -> str:
     series: dict[tuple[str, str], list[dict]] = {}
     for p in learned:
         series.setdefault((p["recipe"], p["family"]), []).append(p)
+    families = sorted({family for _, family in series})
     for i, ((recipe, family), pts) in enumerate(sorted(series.items())):
-        colour = COLOURS[i % len(COLOURS)]
+        # A colour per family and a dash per recipe: a grid of 3 x 3 lines stays readable.
+        colour, dash = COLOURS[families.index(family) % len(COLOURS)], DASHES.get(recipe, "")
+        stroke = f'stroke="{colour}" stroke-width="2"' + (f' stroke-dasharray="{dash}"' if dash else "")
         path = " ".join(f"{x(p['tokens']):.1f},{y(p['acceptance_length']):.1f}" for p in pts)
-        out.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2"/>')
+        out.append(f'<polyline points="{path}" fill="none" {stroke}/>')
         for p in pts:
             out.append(f'<circle cx="{x(p["tokens"]):.1f}" cy="{y(p["acceptance_length"]):.1f}" r="3" fill="{colour}">'
                        f'<title>{escape(p["run"])}: {p["acceptance_length"]:.2f}, {p["speedup"]:.2f}x</title></circle>')
-        out.append(f'<rect x="{LEFT}" y="{H + 20 * i - 8}" width="10" height="10" fill="{colour}"/>')
-        out.append(f'<text x="{LEFT + 16}" y="{H + 20 * i + 1}">{escape(recipe)} · {escape(family)}</text>')
+        out.append(f'<line x1="{LEFT}" y1="{H + 20 * i - 3}" x2="{LEFT + 24}" y2="{H + 20 * i - 3}" {stroke}/>')
+        out.append(f'<text x="{LEFT + 30}" y="{H + 20 * i + 1}">{escape(recipe)} · {escape(family)}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=Path, action="append", required=True,
+    parser.add_argument("--runs", type=Path, action="append", default=[],
                         help="a runs directory (e.g. a data_scaling sweep's); repeat it to draw several as one grid")
+    parser.add_argument("--cells", type=Path, default=None,
+                        help="a CSV of recorded cells (docs/study_cells.csv), drawn with any --runs")
     parser.add_argument("--out", type=Path, default=None, help="write the SVG figure here")
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     parser.add_argument("--title", default="Mean acceptance length against training tokens")
     args = parser.parse_args(argv)
+    if not args.runs and args.cells is None:
+        parser.error("give --runs DIR or --cells CSV")
     missing = [str(d) for d in args.runs if not d.is_dir()]
+    if args.cells is not None and not args.cells.is_file():
+        missing.append(str(args.cells))
     if missing:
-        print(f"error: not a directory: {', '.join(missing)}", file=sys.stderr)
+        print(f"error: not found: {', '.join(missing)}", file=sys.stderr)
         return 2
     learned, baselines = points(*args.runs)
+    if args.cells is not None:
+        try:
+            recorded, recorded_baselines = cells(args.cells)
+        except CellsError as error:
+            print(f"error: {args.cells}: {error}", file=sys.stderr)
+            return 2
+        learned = sorted(learned + recorded, key=lambda p: (p["recipe"], p["family"], p["tokens"]))
+        baselines += recorded_baselines
     if not learned:
-        print(f"error: no counted learned runs with training tokens under {', '.join(map(str, args.runs))}",
-              file=sys.stderr)
+        sources = [str(d) for d in args.runs] + ([str(args.cells)] if args.cells else [])
+        print(f"error: no counted learned runs with training tokens under {', '.join(sources)}", file=sys.stderr)
         return 1
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -65,6 +65,52 @@ def test_several_runs_dirs_make_one_grid_and_a_baseline_scored_twice_is_a_band(t
     assert main(["--runs", str(tmp_path / "a"), "--runs", str(tmp_path / "b"), "--out", str(out)]) == 0
     svg = out.read_text()
     assert svg.count("<circle") == 2 and svg.count("<polyline") == 1  # one line through both sweeps' points
-    assert svg.count("<rect") == 1 + 1 and "suffix 1.60-1.80x" in svg  # the legend's swatch and the band
+    assert svg.count("<rect") == 1 and "suffix 1.60-1.80x" in svg  # the band
     assert main(["--runs", str(tmp_path / "a"), "--runs", str(tmp_path / "nowhere")]) == 2
-    assert "nowhere" in capsys.readouterr().err
+    assert "not found" in capsys.readouterr().err
+
+
+CELLS = """recipe,family,budget,acceptance_length,speedup,date,host
+self_distilled,mlp,30000,1.29,1.14,2026-12-01,a
+two_stage,mlp,30000,1.37,1.21,2026-12-01,a
+self_distilled,hydra,30000,1.41,1.05,2026-12-02,b
+self_distilled,hydra,30000,1.41,1.17,2026-12-03,b
+baseline,suffix,0,2.17,1.68,2026-12-01,a
+baseline,suffix,0,2.31,1.79,2026-12-02,b
+"""
+
+
+def test_recorded_cells_are_drawn_with_the_runs_a_two_stage_cell_at_its_stages_sum(tmp_path, capsys):
+    from speclab.sweeps.plot_scaling import cells
+    path = tmp_path / "cells.csv"
+    path.write_text(CELLS)
+    learned, baselines = cells(path)
+    assert [(p["recipe"], p["family"], p["tokens"], p["speedup"]) for p in learned] == [
+        ("self_distilled", "hydra", 30_000, 1.05), ("self_distilled", "hydra", 30_000, 1.17),
+        ("self_distilled", "mlp", 30_000, 1.14), ("two_stage", "mlp", 60_000, 1.21)]
+    assert [b["acceptance_length"] for b in baselines] == [2.17, 2.31]
+    run(tmp_path / "runs", "sd-100k", "mlp", [100_000], 1.57)
+    out = tmp_path / "fig.svg"
+    assert main(["--cells", str(path), "--runs", str(tmp_path / "runs"), "--out", str(out), "--markdown"]) == 0
+    svg = out.read_text()
+    assert svg.count("<circle") == 5 and svg.count("<polyline") == 3  # the run joins the recorded mlp line
+    assert "suffix 1.68-1.79x" in svg and "2026-12-03 b: 1.41, 1.17x" in svg
+    assert svg.count('stroke-dasharray="2 3"') == 2  # two_stage dotted: its line and its legend
+    assert "| two_stage | mlp | 60,000 | 1.37 |" in capsys.readouterr().out
+
+
+def test_a_bad_cells_file_names_its_line_and_draws_nothing(tmp_path, capsys):
+    path, out = tmp_path / "cells.csv", tmp_path / "fig.svg"
+    header = CELLS.splitlines()[0]
+    for row, said in (("guessed,mlp,30000,1.3,1.1,d,h", "line 3: recipe 'guessed'"),
+                      ("self_distilled,mlp,lots,1.3,1.1,d,h", "line 3: invalid literal"),
+                      ("self_distilled,mlp,30000,0.9,1.1,d,h", "line 3: acceptance 0.9 must be >= 1"),
+                      ("baseline,suffix,30000,2.2,1.6,d,h", "line 3: budget 30000")):
+        path.write_text(f"{header}\n{CELLS.splitlines()[1]}\n{row}\n")
+        assert main(["--cells", str(path), "--out", str(out)]) == 2
+        assert said in capsys.readouterr().err and not out.exists()
+    path.write_text("recipe,family,tokens\nself_distilled,mlp,30000\n")
+    assert main(["--cells", str(path)]) == 2
+    assert "no column budget, acceptance_length, speedup, date, host" in capsys.readouterr().err
+    assert main(["--cells", str(tmp_path / "nowhere.csv")]) == 2
+    assert "not found" in capsys.readouterr().err
