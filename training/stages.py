@@ -8,7 +8,11 @@ data config (the run's `data` with the stage's keys changed) and a step budget:
     training.stages: [{data: {source: code_corpus}, epochs: 1}, {epochs: 3}]
 
 The optimiser, the LR schedule (one warm-up, one cosine over every stage), the watchdog and
-the checkpoints run on across a boundary; step numbers are the run's. A stage's data
+the checkpoints run on across a boundary; step numbers are the run's. The watchdog's spike
+window alone starts afresh in each stage: a new data set's losses have a level of their own
+(`mlp` ends 1M tokens of Python source near 1.5 and starts the target's answers near 3), and
+judged against the last stage's window that level reads as a spike, trips, and rolls back
+into the boundary until the rollback budget fails the run. A stage's data
 position counts its epochs from `STAGE_EPOCHS * stage`, so a checkpoint's position says
 which stage it is in, and the watchdog's skipped windows (recorded by epoch) never reach
 into another stage's data.
@@ -78,11 +82,11 @@ def stage_of(state: LoopState) -> int:
 
 
 def enter_stage(state: LoopState, ends: list[int], sizes: list[int]) -> LoopState:
-    """At a stage's last step, the next stage's first data position (same step, tokens,
-    losses and watchdog window); inside a stage, `state` itself."""
+    """At a stage's last step, the next stage's first data position (same step, tokens and
+    losses; an empty watchdog window, see the module's docstring); inside a stage, `state` itself."""
     k = stage_of(state)
     if k + 1 >= len(ends) or state.step < ends[k]:
         return state
     position = DataPosition(epoch=(k + 1) * STAGE_EPOCHS, skips=state.position.skips)
     return LoopState(sizes[k + 1], step=state.step, position=position, tokens=state.tokens,
-                     losses=list(state.losses), detector=state.detector)
+                     losses=list(state.losses), detector=None)

@@ -56,7 +56,10 @@ def fit(speculator: Speculator, target: FrozenTarget, dataset: FeatureDataset | 
         resume = store.load_latest()
         # At a stage's last checkpoint the next stage starts: the same path whether the run
         # goes on in this process or resumes there after a crash.
-        state = enter_stage(restore(resume, module, watchdog, sizes[0], run_dir), ends, sizes)
+        restored = restore(resume, module, watchdog, sizes[0], run_dir)
+        state = enter_stage(restored, ends, sizes)
+        if state is not restored:  # a new stage: its losses are judged against their own window
+            watchdog.new_window()
         stage = stage_of(state)
         injector.begin_segment(state)
         loop = Progress(state, store, watchdog, cfg.checkpoint_every_n_steps, ends[stage], heartbeat, resume, config)

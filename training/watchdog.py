@@ -22,7 +22,8 @@ with a clear reason (`RollbackBudgetExhausted`), never a loop.
 The ledger (trips, skipped windows, LR scale) outlives rollbacks and restarts: it is
 kept in the run's `watchdog.json`, written before a rollback acts, and a copy goes into
 each checkpoint. The detector's window is part of the checkpoint's loop state, so a
-resumed run judges the next step exactly as the uninterrupted run would have.
+resumed run judges the next step exactly as the uninterrupted run would have. A training
+stage starts an empty window (stages.py): its data's losses are judged against their own.
 
 Under DDP the loss the detector sees is the mean over ranks and the trip flag is
 all-reduced (any rank trips -> all trip), so every rank rolls back together.
@@ -168,6 +169,10 @@ class Watchdog(Callback):
         self.detector = SpikeDetector(cfg)
         self._grad_norm: float | None = None
         self.step = 0  # the last completed optimiser step of the run (set by the loop on resume)
+
+    def new_window(self) -> None:
+        """Judge what follows against its own losses only (a training stage's new data)."""
+        self.detector = SpikeDetector(self.cfg)
 
     def on_before_optimizer_step(self, trainer, module, optimizer):
         grads = [p.grad for p in module.parameters() if p.grad is not None]

@@ -61,14 +61,25 @@ def test_a_fault_on_either_side_of_the_boundary_resumes_bitwise_equal(runs, kind
 
 
 def test_a_spike_in_stage_two_rolls_back_inside_it(runs):
-    out = runs("spike-9", STAGES, "faults=spike", "faults.at_step=9")
+    # Stage 2's window starts empty at step 6: from its third loss (step 9) the rule is armed.
+    out = runs("spike-10", STAGES, "faults=spike", "faults.at_step=10")
     t = out.train
     assert out.status == "completed", out.reason
     assert t["rollbacks"] == 1 and t["steps"] == 12
     first = t["rollback_log"][0]
-    assert 6 <= first["target"] < first["onset"] == 9
+    assert 6 <= first["target"] < first["onset"] == 10
     # the skipped window is in stage 2's epochs (numbered from 10,000): stage 1's data is untouched
     assert first["skip"] and all(epoch >= 10_000 for epoch, _, _ in first["skip"])
+
+
+def test_a_new_stage_at_a_higher_loss_level_is_not_a_spike(runs):
+    # Every loss of stage 2 ten times stage 1's: a new data set's level, judged on its own.
+    # Against stage 1's window it tripped at step 9 and again after each rollback, until the
+    # budget failed the run (two-stage mlp at 1M source tokens, then the target's answers).
+    out = runs("level-7", STAGES, "faults=spike", "faults.at_step=7", "faults.spike_steps=6")
+    assert out.status == "completed", out.reason
+    assert out.train["rollbacks"] == 0 and out.train["steps"] == 12
+    assert out.train["loss_history"][6] > 5 * max(out.train["loss_history"][:6])
 
 
 def test_a_misspelt_stage_key_is_named():
