@@ -63,6 +63,11 @@ def _data_seconds(data: dict) -> float | None:
     return total
 
 
+def series_order(point: dict) -> tuple:
+    """A line per (recipe, family), its points by training tokens."""
+    return point["recipe"], point["family"], point["tokens"]
+
+
 def points(*runs_dirs: Path) -> tuple[list[dict], list[dict]]:
     """(learned runs as scaling points, baselines): figures read from each result.json of
     every directory given."""
@@ -90,7 +95,7 @@ def points_of(rows: list[dict]) -> tuple[list[dict], list[dict]]:
                         "tokens": int(tokens), "acceptance_length": row["acceptance_length"],
                         "per_position": row["per_position"], "speedup": row["speedup"],
                         "data_s": _data_seconds(data), "train_s": _number(train.get("wall_s"))})
-    learned.sort(key=lambda p: (p["recipe"], p["family"], p["tokens"]))
+    learned.sort(key=series_order)
     return learned, baselines
 
 
@@ -129,8 +134,7 @@ def cells(path: Path) -> tuple[list[dict], list[dict]]:
         if missing:
             raise CellsError(f"no column {', '.join(missing)} (expected {','.join(CELL_COLUMNS)})")
         rows = [_cell(row, line) for line, row in enumerate(reader, start=2)]
-    learned = sorted((r for r in rows if r["recipe"] != "baseline"),
-                     key=lambda p: (p["recipe"], p["family"], p["tokens"]))
+    learned = sorted((r for r in rows if r["recipe"] != "baseline"), key=series_order)
     baselines = [{"family": r["family"], "acceptance_length": r["acceptance_length"], "speedup": r["speedup"]}
                  for r in rows if r["recipe"] == "baseline"]
     return learned, baselines
@@ -241,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         except CellsError as error:
             print(f"error: {args.cells}: {error}", file=sys.stderr)
             return 2
-        learned = sorted(learned + recorded, key=lambda p: (p["recipe"], p["family"], p["tokens"]))
+        learned = sorted(learned + recorded, key=series_order)
         baselines += recorded_baselines
     if not learned:
         sources = [str(d) for d in args.runs] + ([str(args.cells)] if args.cells else [])

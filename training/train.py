@@ -56,10 +56,8 @@ def fit(speculator: Speculator, target: FrozenTarget, dataset: FeatureDataset | 
         resume = store.load_latest()
         # At a stage's last checkpoint the next stage starts: the same path whether the run
         # goes on in this process or resumes there after a crash.
-        restored = restore(resume, module, watchdog, sizes[0], run_dir)
-        state = enter_stage(restored, ends, sizes)
-        if state is not restored:  # a new stage: its losses are judged against their own window
-            watchdog.new_window()
+        state = enter_stage(restore(resume, module, watchdog, sizes[0], run_dir), ends, sizes)
+        watchdog.load_window(state.detector)  # the checkpoint's window; empty where a stage starts
         stage = stage_of(state)
         injector.begin_segment(state)
         loop = Progress(state, store, watchdog, cfg.checkpoint_every_n_steps, ends[stage], heartbeat, resume, config)
@@ -84,13 +82,13 @@ def fit(speculator: Speculator, target: FrozenTarget, dataset: FeatureDataset | 
 
 def restore(resume: dict | None, module: SpeculatorModule, watchdog: Watchdog, num_samples: int,
             run_dir: Path) -> LoopState:
-    """Model weights and loop state from a checkpoint (optimizer, scheduler, RNG: in Progress)."""
+    """Model weights and loop state from a checkpoint (optimizer, scheduler, RNG: in Progress;
+    the watchdog's window: from the state, once its stage is known)."""
     if resume is None:
         state = LoopState(num_samples)
     else:
         state = LoopState.from_state(resume["loop"])
         module.speculator.load_state_dict(resume["model"])
-        watchdog.detector.load_state_dict(state.detector)
         if not (run_dir / WATCHDOG_FILE).is_file():  # the run-level ledger is newer when present
             watchdog.ledger = Ledger.from_json(resume["loop"]["ledger"])
     watchdog.step = state.step

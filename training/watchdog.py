@@ -23,7 +23,8 @@ The ledger (trips, skipped windows, LR scale) outlives rollbacks and restarts: i
 kept in the run's `watchdog.json`, written before a rollback acts, and a copy goes into
 each checkpoint. The detector's window is part of the checkpoint's loop state, so a
 resumed run judges the next step exactly as the uninterrupted run would have. A training
-stage starts an empty window (stages.py): its data's losses are judged against their own.
+stage starts an empty window (stages.py: its state carries none, `load_window`): its
+data's losses are judged against their own.
 
 Under DDP the loss the detector sees is the mean over ranks and the trip flag is
 all-reduced (any rank trips -> all trip), so every rank rolls back together.
@@ -170,9 +171,12 @@ class Watchdog(Callback):
         self._grad_norm: float | None = None
         self.step = 0  # the last completed optimiser step of the run (set by the loop on resume)
 
-    def new_window(self) -> None:
-        """Judge what follows against its own losses only (a training stage's new data)."""
+    def load_window(self, window: dict | None) -> None:
+        """Judge the next step against `window`: a checkpoint's, or an empty one (None: a run's
+        first step or a training stage's, whose new data is judged against its own losses)."""
         self.detector = SpikeDetector(self.cfg)
+        if window is not None:
+            self.detector.load_state_dict(window)
 
     def on_before_optimizer_step(self, trainer, module, optimizer):
         grads = [p.grad for p in module.parameters() if p.grad is not None]
