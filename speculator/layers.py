@@ -91,6 +91,22 @@ def rope(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Te
     return angles.cos(), angles.sin()
 
 
+_ROPE_TABLES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def rope_rows(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`rope`'s rows read from a table built once per (width, base, device) and doubled when a
+    position passes its end: a draft step then gathers two rows instead of rebuilding its
+    angles in a dozen small ops. Positions are integers, so each row is `rope`'s own."""
+    key = (head_dim, theta, positions.device)
+    table = _ROPE_TABLES.get(key)
+    end = int(positions.max()) + 1 if positions.numel() else 0
+    if table is None or table[0].shape[0] < end:
+        size = max(1024, 1 << (end - 1).bit_length())
+        table = _ROPE_TABLES[key] = rope(torch.arange(size, device=positions.device), head_dim, theta)
+    return table[0][positions], table[1][positions]
+
+
 def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:  # x [B, h, S, dh]
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
@@ -101,24 +117,33 @@ def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
 # --- attention with a prefix and per-row chains ---------------------------------------------
 
 
-def attend(q: torch.Tensor, prefix: KV | None, mask: torch.Tensor | None, chain: KV | None) -> torch.Tensor:
-    """q [B, h, S, dh]; prefix keys/values [B or 1, h, N, dh] under mask [S, N] (True: visible);
-    chain keys/values [B, h, S, R, dh] -> [B, h, S, dh]. One softmax over both groups."""
-    scale = q.shape[-1] ** -0.5
+def attend(q: torch.Tensor, prefix: KV | None, mask: torch.Tensor | None, chain: KV | None,
+           groups: int = 1) -> torch.Tensor:
+    """q [B, h, S, dh]; prefix keys/values [B or 1, h_kv, N, dh] under mask [S, N] (True:
+    visible); chain keys/values [B, h_kv, S, R, dh] -> [B, h, S, dh]. One softmax over both
+    groups. Query head i reads key head i // groups (h = h_kv * groups): the queries are
+    folded onto their key head instead of the keys being copied out to every query head."""
+    B, h, S, dh = q.shape
+    kv = h // groups
+    scale = dh ** -0.5
+    q5 = q.reshape(B, kv, groups, S, dh)
     scores, n = [], 0
     if prefix is not None:
-        s = (q @ prefix[0].transpose(-1, -2)) * scale  # [B, h, S, N]
+        s = (q5.reshape(B, kv, groups * S, dh) @ prefix[0].transpose(-1, -2)) * scale  # [B, kv, g S, N]
+        s = s.view(B, kv, groups, S, -1)
         if mask is not None:
             s = s.masked_fill(~mask, float("-inf"))
         scores.append(s)
         n = s.shape[-1]
     if chain is not None:
-        scores.append(torch.einsum("bhsd,bhsrd->bhsr", q, chain[0]) * scale)  # [B, h, S, R]
+        scores.append(torch.einsum("bkgsd,bksrd->bkgsr", q5, chain[0]) * scale)  # [B, kv, g, S, R]
     probs = torch.cat(scores, -1).softmax(-1)
-    out = probs[..., :n] @ prefix[1] if prefix is not None else 0
+    out = 0
+    if prefix is not None:
+        out = (probs[..., :n].reshape(B, kv, groups * S, n) @ prefix[1]).view(B, kv, groups, S, dh)
     if chain is not None:
-        out = out + torch.einsum("bhsr,bhsrd->bhsd", probs[..., n:], chain[1])
-    return out
+        out = out + torch.einsum("bkgsr,bksrd->bkgsd", probs[..., n:], chain[1])
+    return out.reshape(B, h, S, dh)
 
 
 class Attention(nn.Module):
@@ -154,9 +179,7 @@ class Attention(nn.Module):
             if chain is not None:
                 k, v = torch.cat([chain[0], k], 3), torch.cat([chain[1], v], 3)
             grown, prefix = (k, v), past
-        groups = self.heads // self.kv_heads
-        wide = (lambda kv: None if kv is None else tuple(t.repeat_interleave(groups, 1) for t in kv)) if groups > 1 else (lambda kv: kv)
-        out = attend(q, wide(prefix), mask, wide(grown) if grow == "chain" else None)
+        out = attend(q, prefix, mask, grown if grow == "chain" else None, self.heads // self.kv_heads)
         return self.o_proj(out.transpose(1, 2).reshape(B, S, -1)), grown
 
 
@@ -212,7 +235,7 @@ def run_layers(layers: nn.ModuleList, x: torch.Tensor, positions: torch.Tensor, 
                past: list[KV] | None, mask: torch.Tensor | None, chain: list[KV] | None,
                grow: Literal["prefix", "chain"]) -> tuple[torch.Tensor, list[KV]]:
     """x [B, S, d] at positions [S] through every layer -> (out [B, S, d], per-layer grown KV)."""
-    cos, sin = rope(positions, layers[0].self_attn.head_dim, theta)
+    cos, sin = rope_rows(positions, layers[0].self_attn.head_dim, theta)
     grown = []
     for i, layer in enumerate(layers):
         x, kv = layer(x, cos, sin, past[i] if past else None, mask, chain[i] if chain else None, grow)
