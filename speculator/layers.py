@@ -97,7 +97,11 @@ _ROPE_TABLES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 def rope_rows(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """`rope`'s rows read from a table built once per (width, base, device) and doubled when a
     position passes its end: a draft step then gathers two rows instead of rebuilding its
-    angles in a dozen small ops. Positions are integers, so each row is `rope`'s own."""
+    angles in a dozen small ops. Positions are integers, so each row is `rope`'s own.
+    Off the CPU it computes the rows directly: sizing the table would read the positions back
+    to the host, a sync per forward that costs more there than the ops it saves."""
+    if positions.device.type != "cpu":
+        return rope(positions, head_dim, theta)
     key = (head_dim, theta, positions.device)
     table = _ROPE_TABLES.get(key)
     end = int(positions.max()) + 1 if positions.numel() else 0
