@@ -17,7 +17,7 @@ from torch import nn
 from tqdm import tqdm
 
 from speclab.speculator.base import Speculator
-from speclab.speculator.runtime.fast_linear import native_linears
+from speclab.speculator.runtime.fast_linear import native_drafting
 from speclab.speculator.target import FrozenTarget
 
 from .engine import Generation, effective_draft_len, generate_plain, generate_speculative
@@ -87,7 +87,7 @@ def score(
         tree = TreeConfig(tree.shape, k, tree.top_k, tree.budget)
     run = _Runner(target, speculator, max_new_tokens, k, sampling, tree)
     # Drafting through the native GEMM where it builds (speculator/runtime/fast_linear.py).
-    with _eval_mode(speculator), native_linears(speculator):
+    with _eval_mode(speculator), native_drafting(speculator):
         _warm_up(run, prompts[0], peer)
         results = [
             _score_prompt(run, prompt, rotation=i, peer=peer)

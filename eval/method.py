@@ -40,7 +40,7 @@ import torch
 
 from speclab.speculator import machine_records
 from speclab.speculator.base import Speculator
-from speclab.speculator.runtime.fast_linear import native_linears
+from speclab.speculator.runtime.fast_linear import native_drafting
 from speclab.speculator.target import FrozenTarget
 
 from .engine import effective_draft_len, generate_speculative
@@ -172,7 +172,7 @@ def pilot(target: FrozenTarget, speculator: Speculator, prompts: list[torch.Tens
     The speculator drafts as benchmark.score will drive it (its linear layers on the native
     GEMM): piloted on torch's slower GEMV, drafting-heavy methods would lose a choice they
     win in the score."""
-    with native_linears(speculator):
+    with native_drafting(speculator):
         return _pilot(target, speculator, prompts, methods, max_new)
 
 

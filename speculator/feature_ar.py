@@ -15,7 +15,9 @@ see layers.py. Step 0 alone is EAGLE-1's teacher-forced training.
 Inference keeps a KV cache of committed positions whose next token is known; the last
 committed position waits for the pending token. `propose` and `extend` run step 0 there
 and the chain beyond it without touching the cache; `accept` feeds the newly committed
-positions, whose features the target just computed.
+positions, whose features the target just computed. A state started inside
+`native_drafting(speculator)` runs the layers of `propose` and `accept` as native steps
+(runtime/lean_draft.py), whose chain keys sit in the cache's slots past the committed ones.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import torch.nn.functional as F
 
 from .base import Features, Speculator
 from .layers import KV, causal_mask, compute_dtype, run_layers
+from .runtime import lean_draft
+from .runtime.fast_linear import drafting_ops
 
 
 @dataclass
@@ -34,6 +38,11 @@ class FeatureARState:
     cache: list[KV] | None  # per layer, keys/values of the fed positions [1, h_kv, n, dh]
     length: int  # positions fed (0..length-1)
     last: torch.Tensor  # [1, 1, F] the target's features at position `length` (next token: pending)
+    lean: lean_draft.LeanDraftCache | None = None  # native steps: their cache replaces `cache`
+
+    def prefix(self, dtype: torch.dtype) -> list[KV] | None:
+        """The fed positions' keys/values as the eager layers read them."""
+        return self.lean.prefix_kv(self.length, dtype) if self.lean is not None else self.cache
 
 
 class FeatureAutoregressive(Speculator):
@@ -93,7 +102,7 @@ class FeatureAutoregressive(Speculator):
     def start(self, prompt_ids: torch.Tensor, prompt_hidden: torch.Tensor,
               layers: torch.Tensor | None = None) -> FeatureARState:
         features = self._features(prompt_hidden, layers)  # [1, T, F]
-        state = FeatureARState(cache=None, length=0, last=features[:, :0])
+        state = FeatureARState(cache=None, length=0, last=features[:, :0], lean=self._lean_cache(features.device))
         self._advance(state, features, prompt_ids[:, 1:])
         return state
 
@@ -103,11 +112,23 @@ class FeatureAutoregressive(Speculator):
         features = self._features(hidden, layers)  # [1, n+1, F]
         self._advance(state, torch.cat([state.last, features], 1), committed)
 
+    def _lean_cache(self, device: torch.device) -> lean_draft.LeanDraftCache | None:
+        """A cache for native draft steps, where they apply (decoding on the CPU inside
+        `native_drafting`, layers of a structure they compute); else None (eager layers)."""
+        ops = drafting_ops(self)
+        if ops is None or device.type != "cpu" or torch.is_grad_enabled() or not lean_draft.supports(self.layers):
+            return None
+        return lean_draft.LeanDraftLayers.of(self.layers, self.config.rope_theta, ops).new_cache()
+
     @torch.no_grad()
     def _advance(self, state: FeatureARState, features: torch.Tensor, next_tokens: torch.Tensor) -> None:
         """Feed features [1, u, F] whose next tokens [1, u-1] are known; the last one waits."""
         u = next_tokens.shape[1]
-        if u > 0:
+        if u > 0 and state.lean is not None:
+            x = self.step_input(self.lift(features[:, :u]), next_tokens)
+            state.lean.layers.run(x[0], state.lean, state.length)
+            state.length += u
+        elif u > 0:
             x = self.step_input(self.lift(features[:, :u]), next_tokens)
             positions = torch.arange(state.length, state.length + u, device=x.device)
             mask = causal_mask(u, state.length, x.device)
@@ -117,11 +138,16 @@ class FeatureAutoregressive(Speculator):
         state.last = features[:, u:]
 
     def _step(self, state: FeatureARState, carried: torch.Tensor, tokens: torch.Tensor, p: int,
-              chain: list[KV] | None) -> tuple[torch.Tensor, list[KV]]:
-        """Chain step p at position length + p for M rows: carried [M, 1, C], tokens [M, 1]."""
+              chain: list[KV] | None, native: bool = True) -> tuple[torch.Tensor, list[KV] | None]:
+        """Chain step p at position length + p for M rows: carried [M, 1, C], tokens [M, 1].
+        A native state's single chain writes its key at that slot of the cache (chain stays
+        None); native=False computes the step eagerly, over the cache's committed part."""
         x = self.step_input(carried, tokens)
+        if native and state.lean is not None:
+            out = state.lean.layers.run(x[0], state.lean, state.length + p)
+            return out.to(x.dtype)[None], None
         position = torch.arange(state.length + p, state.length + p + 1, device=x.device)
-        return run_layers(self.layers, x, position, self.config.rope_theta, state.cache, None, chain, "chain")
+        return run_layers(self.layers, x, position, self.config.rope_theta, state.prefix(x.dtype), None, chain, "chain")
 
     @torch.no_grad()
     def propose(self, state: FeatureARState, pending: torch.Tensor, k: int):
@@ -139,9 +165,10 @@ class FeatureAutoregressive(Speculator):
     @torch.no_grad()
     def extend(self, state: FeatureARState, pending: torch.Tensor, paths: torch.Tensor) -> torch.Tensor:
         M, d = paths.shape
-        out, chain = self._step(state, self.lift(state.last), pending, 0, None)
+        # Eager steps: each path is its own chain, which the native cache's one slot per position cannot hold.
+        out, chain = self._step(state, self.lift(state.last), pending, 0, None, native=False)
         out = out.expand(M, -1, -1)  # step 0 is common to every path
         chain = [tuple(t.expand(M, *t.shape[1:]) for t in kv) for kv in chain]
         for j in range(d):
-            out, chain = self._step(state, self.carry(out), paths[:, j : j + 1], j + 1, chain)
+            out, chain = self._step(state, self.carry(out), paths[:, j : j + 1], j + 1, chain, native=False)
         return self.draft_head(d, self.head_states(out))[:, -1]  # [M, N]

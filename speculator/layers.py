@@ -266,7 +266,7 @@ class OutputHeads(nn.Module):
         return self.linears[min(p, len(self.linears) - 1)].weight
 
     def forward(self, p: int, x: torch.Tensor) -> torch.Tensor:  # [..., D] -> [..., N]
-        return self.linears[min(p, len(self.linears) - 1)](x)  # the module, so native_linears can route it
+        return self.linears[min(p, len(self.linears) - 1)](x)  # the module, so native_drafting can route it
 
 
 @dataclass

@@ -175,10 +175,10 @@ class OwnSpeculator:
         self.speculator, self.decode = speculator, decode
 
     def __call__(self, prompt, max_new=None):
-        from speclab.speculator.runtime.fast_linear import native_linears  # bench imports torch only once it runs
+        from speclab.speculator.runtime.fast_linear import native_drafting  # bench imports torch only once it runs
 
         # Drafting through the native GEMM where it builds, as a run's own scoring does (eval/benchmark.score).
-        with native_linears(self.speculator):
+        with native_drafting(self.speculator):
             return self.decode(self.speculator, prompt, max_new)
 
     def reset(self) -> None:

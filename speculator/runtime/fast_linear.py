@@ -1,10 +1,12 @@
-"""Speculators' linear layers on the lean runtime's GEMM while they draft.
+"""Speculators drafting on the lean runtime's kernels: their linear layers, and the
+feature-autoregressive families' decoder layers as whole native steps (lean_draft.py).
 
 A draft step is a handful of small matrix-vector products (a projection, a vocabulary
 head); on the CPUs speclab runs on, torch's fp32 GEMV streams them at a fraction of the
 memory bandwidth, and drafting ends up costing as much as the target's verification.
-`native_linears(module)` routes every `nn.Linear` of the module through the native kernel
-while gradients are off and the input is on the CPU (decoding), leaving training untouched.
+`native_drafting(module)` routes every `nn.Linear` of the module through the native kernel
+while gradients are off and the input is on the CPU (decoding), leaving training untouched,
+and hands the module the kernels (`drafting_ops`) for the decoding states it starts.
 Each weight is packed once and repacked only if it changes (its version counter moves).
 The results equal `F.linear` to fp32 rounding; drafts only propose, so this never affects
 what decoding commits.
@@ -46,10 +48,16 @@ def _fast_forward(linear: nn.Linear, packed: _Packed, original):
     return forward
 
 
+def drafting_ops(module: nn.Module) -> NativeOps | None:
+    """The native kernels a module drafts on, inside `native_drafting(module)`; else None."""
+    return getattr(module, "_native_drafting_ops", None)
+
+
 @contextlib.contextmanager
-def native_linears(module: nn.Module) -> Iterator[int]:
-    """Within the block, the module's nn.Linear layers decode through the native GEMM
-    (yields how many; 0 where the kernels are unavailable)."""
+def native_drafting(module: nn.Module) -> Iterator[int]:
+    """Within the block, the module's nn.Linear layers decode through the native GEMM, and
+    states it starts may draft on the kernels (`drafting_ops`); yields how many linears were
+    routed (0 where the kernels are unavailable)."""
     lib = native.load()
     linears = [m for m in module.modules() if isinstance(m, nn.Linear)] if lib is not None else []
     ops = NativeOps(lib) if lib is not None else None
@@ -59,8 +67,13 @@ def native_linears(module: nn.Module) -> Iterator[int]:
         object.__setattr__(module, "_native_linear_packs", cache)  # packs survive between eval calls
     for m in linears:
         m.forward = _fast_forward(m, cache.setdefault(id(m), _Packed(ops)), type(m).forward.__get__(m))
+    drafters = list(module.modules()) if ops is not None else []  # a hybrid's learned part starts its own states
+    for m in drafters:
+        object.__setattr__(m, "_native_drafting_ops", ops)
     try:
         yield len(linears)
     finally:
         for m in linears:
             del m.forward  # back to the class's forward
+        for m in drafters:
+            object.__delattr__(m, "_native_drafting_ops")

@@ -122,7 +122,7 @@ def test_pilots_do_not_leak_the_eval_history(target, prompt):
         assert alone[0]["acceptance_length"] == tried["acceptance_length"], tried
 
 
-def test_the_pilot_drafts_through_the_native_linears_the_score_uses(target, prompt):
+def test_the_pilot_drafts_through_the_native_drafting_the_score_uses(target, prompt):
     # Piloted on torch's GEMV, a learned drafter's heads cost several times what they cost
     # in the score (benchmark.score routes them natively), and drafting-heavy methods lose.
     from torch import nn

@@ -351,20 +351,20 @@ def test_compiled_torch_backend_computes_the_same(hf_model):
 
 
 @pytest.mark.skipif(not NATIVE, reason="no C compiler")
-def test_native_linears_decode_like_torch_and_leave_training_alone():
-    from speclab.speculator.runtime.fast_linear import native_linears
+def test_native_drafting_decode_like_torch_and_leave_training_alone():
+    from speclab.speculator.runtime.fast_linear import native_drafting
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(40, 70), torch.nn.GELU(), torch.nn.Linear(70, 33, bias=False))
     x = torch.randn(3, 40)
     with torch.no_grad():
         ref = net(x)
-    with native_linears(net) as n, torch.no_grad():
+    with native_drafting(net) as n, torch.no_grad():
         assert n == 2 and close(net(x), ref)
         net[0].weight.mul_(2)  # a changed weight is repacked, not served stale
         doubled = net(x)
     with torch.no_grad():
         assert close(doubled, net(x))
-    with native_linears(net):
+    with native_drafting(net):
         net(x).sum().backward()  # gradients on: the torch path, so training works inside too
     assert net[0].weight.grad is not None and "forward" not in vars(net[0])  # restored after the block

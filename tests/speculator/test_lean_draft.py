@@ -1,0 +1,129 @@
+"""The feature-autoregressive drafts' native steps (runtime/lean_draft.py) compute what the
+eager layers compute: drafts, logits, the state after an acceptance, tree steps read from the
+native cache, past the cache's first capacity; and they engage only where they apply."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from speclab.speculator.families import build_speculator
+from speclab.speculator.runtime import lean_draft, native
+from speclab.speculator.runtime.fast_linear import native_drafting
+
+from test_families import SMALL, random_layers, target_info
+
+pytestmark = pytest.mark.skipif(native.load() is None, reason="no C compiler")
+
+FAMILIES = [(family, size) for family in ("eagle", "eagle3") for size in (0, 1)]
+# fp32: the native GEMM and attention sum in another order than torch: a few ulps of the logits.
+FP32 = dict(rtol=1e-5, atol=1e-5)
+
+
+def _speculator(family, size, info):
+    """A small draft whose norms are not all ones, so mixing two of them up shows."""
+    spec = build_speculator(family, SMALL[family][size], info).eval()
+    torch.manual_seed(7)
+    with torch.no_grad():
+        for module in spec.modules():
+            if isinstance(module, torch.nn.RMSNorm):
+                module.weight.uniform_(0.5, 1.5)
+    return spec
+
+
+def _decode(spec, info, prompt_len=6, seed=2):
+    """Start, propose 3, accept 2 of them, propose again, extend 4 paths of depth 2: every
+    output, and the final state."""
+    torch.manual_seed(seed)
+    total = prompt_len + 6
+    prompt = torch.randint(0, info.vocab_size, (1, prompt_len))
+    hidden = torch.randn(1, total, info.hidden_size)
+    layers = random_layers(spec, total, info.hidden_size)
+    span = lambda lo, hi: None if layers is None else layers[:, lo:hi]  # noqa: E731
+    pending, nxt = torch.randint(0, info.vocab_size, (1, 1)), torch.tensor([[5]])
+    paths = torch.randint(0, info.vocab_size, (4, 2))
+    with torch.no_grad():
+        state = spec.start(prompt, hidden[:, :prompt_len], span(0, prompt_len))
+        drafts, first = spec.propose(state, pending, 3)
+        end = prompt_len + 3
+        spec.accept(state, torch.cat([pending, drafts[:, :2]], 1), hidden[:, prompt_len:end], span(prompt_len, end))
+        again_drafts, again = spec.propose(state, nxt, 3)
+        tree = spec.extend(state, nxt, paths)
+    return state, (drafts, first, again_drafts, again, tree)
+
+
+@pytest.mark.parametrize("family, size", FAMILIES)
+def test_native_steps_draft_what_the_eager_layers_draft(family, size):
+    info = target_info()
+    spec = _speculator(family, size, info)
+    eager_state, eager = _decode(spec, info)
+    with native_drafting(spec):
+        state, native_out = _decode(spec, info)
+    assert eager_state.lean is None and isinstance(state.lean, lean_draft.LeanDraftCache)
+    assert state.cache is None and state.length == eager_state.length
+    for got, want in zip(native_out, eager):
+        if want.dtype == torch.int64:
+            assert torch.equal(got, want)
+        else:
+            torch.testing.assert_close(got, want, **FP32)
+
+
+@pytest.mark.parametrize("family, size", FAMILIES[1::2])
+def test_the_native_cache_grows_past_its_capacity(family, size):
+    info = target_info()
+    spec = _speculator(family, size, info)
+    _, eager = _decode(spec, info, prompt_len=300)
+    with native_drafting(spec):
+        state, got = _decode(spec, info, prompt_len=300)
+    assert state.lean.capacity >= 300 + 6
+    for g, w in zip(got, eager):
+        torch.testing.assert_close(g.float(), w.float(), **FP32)
+
+
+def test_bf16_native_steps_stay_within_bf16_rounding_of_the_eager_ones():
+    """A bf16 draft: the eager layers round every activation to bf16, the native ones keep
+    fp32 activations over the same weights; the logits agree to bf16's resolution."""
+    info = target_info()
+    spec = _speculator("eagle3", 0, info).to(torch.bfloat16)
+    _, eager = _decode(spec, info)
+    with native_drafting(spec):
+        _, got = _decode(spec, info)
+    for g, w in zip(got[1::2], eager[1::2]):  # the logits
+        scale = float(w.float().abs().max())
+        assert float((g.float() - w.float()).abs().max()) <= 0.05 * scale
+
+
+def test_native_steps_engage_only_inside_native_drafting_and_without_gradients():
+    info = target_info()
+    spec = _speculator("eagle3", 0, info)
+    prompt, hidden = torch.randint(0, info.vocab_size, (1, 4)), torch.randn(1, 4, info.hidden_size)
+    layers = random_layers(spec, 4, info.hidden_size)
+    with native_drafting(spec):
+        with torch.no_grad():
+            assert spec.start(prompt, hidden, layers).lean is not None
+        assert spec._lean_cache(torch.device("cpu")) is None  # gradients on: training, eager
+    with torch.no_grad():
+        assert spec.start(prompt, hidden, layers).lean is None
+    assert "_native_drafting_ops" not in vars(spec) and "_native_drafting_ops" not in vars(spec.layers)
+
+
+def test_changed_weights_are_repacked():
+    info = target_info()
+    spec = _speculator("eagle3", 0, info)
+    with native_drafting(spec), torch.no_grad():
+        ops = spec._native_drafting_ops
+        packed = lean_draft.LeanDraftLayers.of(spec.layers, spec.config.rope_theta, ops)
+        assert lean_draft.LeanDraftLayers.of(spec.layers, spec.config.rope_theta, ops) is packed
+        spec.layers[0].mlp.down_proj.weight.mul_(2)
+        assert lean_draft.LeanDraftLayers.of(spec.layers, spec.config.rope_theta, ops) is not packed
+        _, got = _decode(spec, info)
+    _, want = _decode(spec, info)
+    torch.testing.assert_close(got[1], want[1], **FP32)
+
+
+def test_layers_of_another_structure_stay_eager():
+    info = target_info()
+    spec = _speculator("eagle3", 0, info)
+    assert lean_draft.supports(spec.layers)
+    spec.layers.append(torch.nn.Linear(2, 2))
+    assert not lean_draft.supports(spec.layers)
