@@ -124,16 +124,15 @@ class FeatureAutoregressive(Speculator):
     def _advance(self, state: FeatureARState, features: torch.Tensor, next_tokens: torch.Tensor) -> None:
         """Feed features [1, u, F] whose next tokens [1, u-1] are known; the last one waits."""
         u = next_tokens.shape[1]
-        if u > 0 and state.lean is not None:
+        if u > 0:
             x = self.step_input(self.lift(features[:, :u]), next_tokens)
-            state.lean.layers.run(x[0], state.lean, state.length)
-            state.length += u
-        elif u > 0:
-            x = self.step_input(self.lift(features[:, :u]), next_tokens)
-            positions = torch.arange(state.length, state.length + u, device=x.device)
-            mask = causal_mask(u, state.length, x.device)
-            _, state.cache = run_layers(self.layers, x, positions, self.config.rope_theta,
-                                        state.cache, mask, None, "prefix")
+            if state.lean is not None:
+                state.lean.layers.run(x[0], state.lean, state.length)
+            else:
+                positions = torch.arange(state.length, state.length + u, device=x.device)
+                mask = causal_mask(u, state.length, x.device)
+                _, state.cache = run_layers(self.layers, x, positions, self.config.rope_theta,
+                                            state.cache, mask, None, "prefix")
             state.length += u
         state.last = features[:, u:]
 

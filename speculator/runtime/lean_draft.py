@@ -22,23 +22,12 @@ never reach what decoding commits.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
 from ..layers import KV, DecoderLayer, FusedInputLayer, rope
-from .ops import NativeOps, Weight
-
-
-@dataclass
-class _LeanLayer:
-    norms: list[torch.Tensor]  # the input norm(s) [D] fp32: one, or the embedding's and the hidden's (fused)
-    qkv: Weight
-    o: Weight
-    mlp_norm: torch.Tensor
-    gate_up: Weight
-    down: Weight
+from .model import LeanDecoder
+from .ops import NativeOps
 
 
 def supports(layers: nn.ModuleList) -> bool:
@@ -67,9 +56,12 @@ class LeanDraftLayers:
         self.ops, self.theta = ops, theta
         self.heads, self.kv_heads, self.head_dim = first.heads, first.kv_heads, first.head_dim
         self.width = layers[0].post_attention_layernorm.weight.shape[0]
-        self.fused = isinstance(layers[0], FusedInputLayer)
         self.eps = layers[0].input_layernorm.eps or torch.finfo(torch.float32).eps
-        self.layers = [self._pack(layer) for layer in layers]
+        # The layers use transformers' parameter names, so the target's own packing serves.
+        with torch.no_grad():
+            self.layers = [LeanDecoder._layer(layer, ops) for layer in layers]
+        fused = isinstance(layers[0], FusedInputLayer)  # EAGLE-3: its hidden half has its own norm
+        self.hidden_norm = layers[0].hidden_norm.weight.detach().float().contiguous() if fused else None
 
     @classmethod
     def of(cls, layers: nn.ModuleList, theta: float, ops: NativeOps) -> "LeanDraftLayers":
@@ -79,20 +71,6 @@ class LeanDraftLayers:
             packed = (key, cls(layers, theta, ops))
             object.__setattr__(layers, "_lean_draft", packed)  # not a module attribute: never saved
         return packed[1]
-
-    def _pack(self, layer: DecoderLayer) -> _LeanLayer:
-        a, m = layer.self_attn, layer.mlp
-        pack, norm = self.ops.pack, (lambda n: n.weight.detach().float().contiguous())
-        norms = [norm(layer.input_layernorm)] + ([norm(layer.hidden_norm)] if isinstance(layer, FusedInputLayer) else [])
-        with torch.no_grad():
-            return _LeanLayer(
-                norms=norms,
-                qkv=pack(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])),
-                o=pack(a.o_proj.weight.detach()),
-                mlp_norm=norm(layer.post_attention_layernorm),
-                gate_up=pack(torch.cat([m.gate_proj.weight, m.up_proj.weight])),
-                down=pack(m.down_proj.weight.detach()),
-            )
 
     def new_cache(self, capacity: int = 256) -> "LeanDraftCache":
         return LeanDraftCache(self, capacity)
@@ -106,12 +84,12 @@ class LeanDraftLayers:
         x = x.to(torch.float32, copy=True)
         positions = torch.arange(start, start + T, dtype=torch.int64)
         lens = torch.tensor([start], dtype=torch.int64)
-        for layer, k, v in zip(self.layers, cache.k, cache.v):
-            if len(layer.norms) == 2:  # EAGLE-3's first layer: [embedding, hidden]; the hidden half is the residual
+        for i, (layer, k, v) in enumerate(zip(self.layers, cache.k, cache.v)):
+            if i == 0 and self.hidden_norm is not None:  # [embedding, hidden]; the hidden half is the residual
                 embeds, x = x[:, :D].contiguous(), x[:, D:].contiguous()
-                h = torch.cat([ops.rmsnorm(embeds, layer.norms[0], self.eps), ops.rmsnorm(x, layer.norms[1], self.eps)], 1)
+                h = torch.cat([ops.rmsnorm(embeds, layer.attn_norm, self.eps), ops.rmsnorm(x, self.hidden_norm, self.eps)], 1)
             else:
-                h = ops.rmsnorm(x, layer.norms[0], self.eps)
+                h = ops.rmsnorm(x, layer.attn_norm, self.eps)
             qkv = ops.linear(h, layer.qkv)
             attended = ops.attention(qkv, positions, cache.cos, cache.sin, k, v, cache.row, lens, None, 1, T,
                                      self.heads, self.kv_heads, self.head_dim)
