@@ -21,7 +21,7 @@ from typing import Literal
 
 import torch
 
-from speclab.kernels.verify import sample_inverse_cdf, warp_logits
+from speclab.kernels.verify import greedy_tokens, sample_inverse_cdf, warp_logits
 
 
 @dataclass
@@ -77,6 +77,6 @@ class TokenChooser:
     def choose(self, logits: torch.Tensor) -> torch.Tensor:
         """logits [1, V] -> the next token [1, 1]: the argmax, or a sample of the warped distribution."""
         if self.mode == "greedy":
-            return logits.argmax(dim=-1, keepdim=True)
+            return greedy_tokens(logits).unsqueeze(-1)
         probs = torch.softmax(self.warp(logits), dim=-1)  # [1, V]
         return sample_inverse_cdf(probs, self.randoms(1, logits.device)[:, 0]).view(1, 1)

@@ -37,7 +37,7 @@ from typing import Literal
 
 import torch
 
-from speclab.kernels.verify import sample_inverse_cdf
+from speclab.kernels.verify import greedy_tokens, sample_inverse_cdf
 from speclab.speculator.base import Speculator
 from speclab.speculator.target import FrozenTarget
 
@@ -174,7 +174,7 @@ def draft_tree(speculator: Speculator, state, pending: torch.Tensor, cfg: TreeCo
 
 def walk_greedy(tree: DraftTree, logits: torch.Tensor) -> tuple[list[int], int]:
     """logits [M+1, V] -> (accepted path of node ids from the root, next token)."""
-    choice = logits.argmax(dim=-1).tolist()  # [M+1], one transfer
+    choice = greedy_tokens(logits).tolist()  # [M+1], one transfer
     kids, node, path = tree.children(), 0, [0]
     while True:
         match = [c for c in kids.get(node, []) if tree.tokens[c] == choice[node]]

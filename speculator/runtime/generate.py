@@ -25,7 +25,9 @@ Chooser = Callable[[torch.Tensor], torch.Tensor]
 
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:
-    return logits.argmax(-1)
+    # argmax's first index, by `max`: its CPU reduction is vectorised where argmax's is not
+    # (2.3 against 10.8 ms over 128 rows of 49,152 bf16 logits; as kernels.verify.greedy_tokens).
+    return logits.max(-1).indices
 
 
 def generation_cache_dtype(decoder: LeanDecoder) -> torch.dtype:

@@ -4,7 +4,8 @@ small vocabularies where the exact distributions are known, checked statisticall
 import pytest
 import torch
 
-from speclab.kernels.verify import VALID_MODES, reference, verify, verify_greedy, verify_sample, warp_logits
+from speclab.kernels.verify import (VALID_MODES, greedy_tokens, reference, verify, verify_greedy, verify_sample,
+                                   warp_logits)
 from stat_checks import chi2_pvalue  # tests/stat_checks.py, shared with the eval tests
 
 VOCAB = 11
@@ -59,6 +60,17 @@ def test_runs_without_host_sync_on_meta_tensors():
     drafts = torch.zeros(3, 4, dtype=torch.long, device="meta")
     n, next_token = verify_greedy(drafts, torch.empty(3, 5, VOCAB, device="meta"))
     assert n.shape == next_token.shape == (3,)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_tokens_is_argmax_on_ties_nan_and_infinities(dtype):
+    # Few distinct values over a wide row: most rows tie, several times, at their maximum.
+    logits = torch.randint(0, 3, (64, 5, 4099), generator=torch.Generator().manual_seed(1)).to(dtype)
+    logits[0, 0, [17, 4000]] = float("nan")  # NaN counts as the maximum, the first one wins
+    logits[1, 1, [9, 3000]] = float("inf")
+    logits[2, 2] = float("-inf")  # nothing above -inf: index 0
+    assert torch.equal(greedy_tokens(logits), logits.argmax(dim=-1))
+    assert greedy_tokens(logits)[:3].diagonal().tolist() == [17, 9, 0]
 
 
 @pytest.mark.parametrize(

@@ -368,3 +368,8 @@ def test_native_drafting_decode_like_torch_and_leave_training_alone():
     with native_drafting(net):
         net(x).sum().backward()  # gradients on: the torch path, so training works inside too
     assert net[0].weight.grad is not None and "forward" not in vars(net[0])  # restored after the block
+    with native_drafting(net) as outer:
+        with native_drafting(net) as inner:
+            assert inner == outer == 2
+        assert "forward" in vars(net[0]) and "_native_drafting_ops" in vars(net)  # still routed
+    assert "forward" not in vars(net[0]) and "_native_drafting_ops" not in vars(net)
