@@ -86,8 +86,9 @@ def score(
     if tree is not None:
         tree = TreeConfig(tree.shape, k, tree.top_k, tree.budget)
     run = _Runner(target, speculator, max_new_tokens, k, sampling, tree)
-    # Drafting through the native GEMM where it builds (speculator/runtime/fast_linear.py).
-    with _eval_mode(speculator), native_drafting(speculator):
+    # Drafting through the native GEMM where it builds, its weights in the target's dtype
+    # (speculator/runtime/fast_linear.py).
+    with _eval_mode(speculator), native_drafting(speculator, target.dtype):
         _warm_up(run, prompts[0], peer)
         results = [
             _score_prompt(run, prompt, rotation=i, peer=peer)

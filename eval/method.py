@@ -172,7 +172,7 @@ def pilot(target: FrozenTarget, speculator: Speculator, prompts: list[torch.Tens
     The speculator drafts as benchmark.score will drive it (its linear layers on the native
     GEMM): piloted on torch's slower GEMV, drafting-heavy methods would lose a choice they
     win in the score."""
-    with native_drafting(speculator):
+    with native_drafting(speculator, target.dtype):
         return _pilot(target, speculator, prompts, methods, max_new)
 
 

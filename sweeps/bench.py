@@ -154,13 +154,13 @@ def build_methods(target, speculators: dict, assistant_dir: Path | None, args, s
                                            assistant_model=assistant_model(draft, target.model, args.k))
     for name, (_, spec) in speculators.items():
         k = min(args.k, spec.max_draft_len() or args.k)
-        methods[f"spec_{name}"] = OwnSpeculator(spec, lambda s, p, n, k=k:
+        methods[f"spec_{name}"] = OwnSpeculator(spec, target.dtype, lambda s, p, n, k=k:
                                                 generate_speculative(target, s, p, n or max_new, k, sampling=sampling))
         ks[f"spec_{name}"] = k
         for shape in args.tree:
             cfg = TreeConfig(shape, min(args.tree_depth or args.k, spec.max_draft_len() or 1 << 30),
                              args.tree_top_k, args.k)
-            methods[f"tree_{shape}_{name}"] = OwnSpeculator(copy.deepcopy(spec), lambda s, p, n, c=cfg:
+            methods[f"tree_{shape}_{name}"] = OwnSpeculator(copy.deepcopy(spec), target.dtype, lambda s, p, n, c=cfg:
                                                             generate_tree(target, s, p, n or max_new, c, sampling=sampling))
             ks[f"tree_{shape}_{name}"] = cfg.depth
     return methods, ks
@@ -171,14 +171,14 @@ class OwnSpeculator:
     so a drafter that remembers what it decoded (suffix's eval history) would otherwise draft
     one method's prompt from another method's output of that very prompt."""
 
-    def __init__(self, speculator, decode):
-        self.speculator, self.decode = speculator, decode
+    def __init__(self, speculator, weight_dtype, decode):
+        self.speculator, self.weight_dtype, self.decode = speculator, weight_dtype, decode
 
     def __call__(self, prompt, max_new=None):
         from speclab.speculator.runtime.fast_linear import native_drafting  # bench imports torch only once it runs
 
         # Drafting through the native GEMM where it builds, as a run's own scoring does (eval/benchmark.score).
-        with native_drafting(self.speculator):
+        with native_drafting(self.speculator, self.weight_dtype):
             return self.decode(self.speculator, prompt, max_new)
 
     def reset(self) -> None:

@@ -15,9 +15,10 @@ earlier keys are the slots between length and it. Committed positions overwrite 
 slots later. Trees (several rows, each with its own chain) read the committed part through
 the eager layers instead (`prefix_kv`).
 
-Activations run in fp32 over the layers' own weights (fp32, or bf16 read as the native
-GEMM reads them), as the target's lean decoder does; drafts only propose, so the last bits
-never reach what decoding commits.
+Activations run in fp32 over the layers' weights as the ops pack them (their own dtype, or
+the one `native_drafting` names: bf16 read as the native GEMM reads the target's), as the
+target's lean decoder does; drafts only propose, so the last bits never reach what decoding
+commits.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class LeanDraftLayers:
 
     @classmethod
     def of(cls, layers: nn.ModuleList, theta: float, ops: NativeOps) -> "LeanDraftLayers":
-        key = (_weights_key(layers), theta, ops.bf16_path)  # what the packing depends on
+        key = (_weights_key(layers), theta, ops.bf16_path, getattr(ops, "weight_dtype", None))  # what the packing depends on
         packed = getattr(layers, "_lean_draft", None)
         if packed is None or packed[0] != key:
             packed = (key, cls(layers, theta, ops))

@@ -80,6 +80,29 @@ def test_the_native_cache_grows_past_its_capacity(family, size):
         torch.testing.assert_close(g.float(), w.float(), **FP32)
 
 
+@pytest.mark.parametrize("family", ["eagle3", "mlp"])
+def test_weights_packed_as_bf16_draft_what_bf16_rounded_weights_draft(family):
+    """native_drafting(spec, bf16), as scoring against a bf16 target runs an fp32 draft:
+    every projection reads its weight rounded to bf16 (the norms and embeddings stay fp32)."""
+    import copy
+
+    info = target_info()
+    spec = _speculator(family, 0, info)
+    rounded = copy.deepcopy(spec)
+    with torch.no_grad():
+        for module in rounded.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.weight.copy_(module.weight.bfloat16().float())
+    _, want = _decode(rounded, info)
+    with native_drafting(spec):  # packed in fp32 first: the bf16 block must not reuse those packs
+        _, fp32 = _decode(spec, info)
+    with native_drafting(spec, torch.bfloat16):
+        _, got = _decode(spec, info)
+    for g, w in zip(got[1::2], want[1::2]):  # the logits
+        torch.testing.assert_close(g, w, **FP32)
+    assert not torch.allclose(got[-1], fp32[-1], **FP32)  # the weights' rounding shows
+
+
 def test_bf16_native_steps_stay_within_bf16_rounding_of_the_eager_ones():
     """A bf16 draft: the eager layers round every activation to bf16, the native ones keep
     fp32 activations over the same weights; the logits agree to bf16's resolution."""
