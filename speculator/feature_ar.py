@@ -18,6 +18,10 @@ and the chain beyond it without touching the cache; `accept` feeds the newly com
 positions, whose features the target just computed. A state started inside
 `native_drafting(speculator)` runs the layers of `propose` and `accept` as native steps
 (runtime/lean_draft.py), whose chain keys sit in the cache's slots past the committed ones.
+There `accept` only queues the committed positions' rows, and the next `propose` runs them
+with its step 0 in one pass: step 0 is the row `accept` would feed once the pending token
+is known (the same input at the same slot), and a pass of a few rows streams the layer's
+weights once, as a pass of one does.
 """
 
 from __future__ import annotations
@@ -39,10 +43,27 @@ class FeatureARState:
     length: int  # positions fed (0..length-1)
     last: torch.Tensor  # [1, 1, F] the target's features at position `length` (next token: pending)
     lean: lean_draft.LeanDraftCache | None = None  # native steps: their cache replaces `cache`
+    queued: torch.Tensor | None = None  # native steps: rows [u, d_in] of positions length.. not yet fed
+
+    def feed(self, rows: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Native states: the queued rows, then `rows` (step 0 of a chain, not counted as
+        fed), through the layers in one pass at slot `length`; -> the outputs of `rows`."""
+        queued = self.queued
+        if queued is None and rows is None:
+            return None
+        x = queued if rows is None else rows if queued is None else torch.cat([queued, rows])
+        out = self.lean.layers.run(x, self.lean, self.length)
+        if queued is not None:
+            self.length += queued.shape[0]
+            self.queued = None
+        return None if rows is None else out[out.shape[0] - rows.shape[0]:]
 
     def prefix(self, dtype: torch.dtype) -> list[KV] | None:
         """The fed positions' keys/values as the eager layers read them."""
-        return self.lean.prefix_kv(self.length, dtype) if self.lean is not None else self.cache
+        if self.lean is None:
+            return self.cache
+        self.feed()
+        return self.lean.prefix_kv(self.length, dtype)
 
 
 class FeatureAutoregressive(Speculator):
@@ -126,14 +147,14 @@ class FeatureAutoregressive(Speculator):
         u = next_tokens.shape[1]
         if u > 0:
             x = self.step_input(self.lift(features[:, :u]), next_tokens)
-            if state.lean is not None:
-                state.lean.layers.run(x[0], state.lean, state.length)
+            if state.lean is not None:  # fed with the next step 0 (`feed`)
+                state.queued = x[0] if state.queued is None else torch.cat([state.queued, x[0]])
             else:
                 positions = torch.arange(state.length, state.length + u, device=x.device)
                 mask = causal_mask(u, state.length, x.device)
                 _, state.cache = run_layers(self.layers, x, positions, self.config.rope_theta,
                                             state.cache, mask, None, "prefix")
-            state.length += u
+                state.length += u
         state.last = features[:, u:]
 
     def _step(self, state: FeatureARState, carried: torch.Tensor, tokens: torch.Tensor, p: int,
@@ -143,10 +164,11 @@ class FeatureAutoregressive(Speculator):
         None); native=False computes the step eagerly, over the cache's committed part."""
         x = self.step_input(carried, tokens)
         if native and state.lean is not None:
-            out = state.lean.layers.run(x[0], state.lean, state.length + p)
+            out = state.feed(x[0]) if p == 0 else state.lean.layers.run(x[0], state.lean, state.length + p)
             return out.to(x.dtype)[None], None
+        prefix = state.prefix(x.dtype)  # a native state feeds its queued rows first: `length` counts them
         position = torch.arange(state.length + p, state.length + p + 1, device=x.device)
-        return run_layers(self.layers, x, position, self.config.rope_theta, state.prefix(x.dtype), None, chain, "chain")
+        return run_layers(self.layers, x, position, self.config.rope_theta, prefix, None, chain, "chain")
 
     @torch.no_grad()
     def propose(self, state: FeatureARState, pending: torch.Tensor, k: int):

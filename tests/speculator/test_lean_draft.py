@@ -68,6 +68,37 @@ def test_native_steps_draft_what_the_eager_layers_draft(family, size):
             torch.testing.assert_close(got, want, **FP32)
 
 
+def _accept_twice_then_extend(spec, info, prompt_len=5):
+    """Two accepts with no propose between them, then a tree step, then a chain: the rows
+    a native state queues must be fed by whichever call reads the state next."""
+    torch.manual_seed(3)
+    total = prompt_len + 3
+    prompt = torch.randint(0, info.vocab_size, (1, prompt_len))
+    hidden = torch.randn(1, total, info.hidden_size)
+    layers = random_layers(spec, total, info.hidden_size)
+    span = lambda lo, hi: None if layers is None else layers[:, lo:hi]  # noqa: E731
+    committed = torch.randint(0, info.vocab_size, (1, 3))
+    with torch.no_grad():
+        state = spec.start(prompt, hidden[:, :prompt_len], span(0, prompt_len))
+        spec.accept(state, committed[:, :2], hidden[:, prompt_len:prompt_len + 2], span(prompt_len, prompt_len + 2))
+        spec.accept(state, committed[:, 2:], hidden[:, prompt_len + 2:], span(prompt_len + 2, total))
+        tree = spec.extend(state, torch.tensor([[7]]), torch.randint(0, info.vocab_size, (3, 2)))
+        drafts, logits = spec.propose(state, torch.tensor([[7]]), 2)
+    return state, (tree, drafts, logits)
+
+
+@pytest.mark.parametrize("family, size", FAMILIES[::2])
+def test_queued_rows_are_fed_by_the_next_reader(family, size):
+    info = target_info()
+    spec = _speculator(family, size, info)
+    eager_state, eager = _accept_twice_then_extend(spec, info)
+    with native_drafting(spec):
+        state, got = _accept_twice_then_extend(spec, info)
+    assert state.queued is None and state.length == eager_state.length
+    for g, w in zip(got, eager):
+        torch.testing.assert_close(g.float(), w.float(), **FP32)
+
+
 @pytest.mark.parametrize("family, size", FAMILIES[1::2])
 def test_the_native_cache_grows_past_its_capacity(family, size):
     info = target_info()
