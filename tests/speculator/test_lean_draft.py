@@ -52,20 +52,26 @@ def _decode(spec, info, prompt_len=6, seed=2):
     return state, (drafts, first, again_drafts, again, tree)
 
 
+def _native_matches_eager(spec, info, decode, **options):
+    """`decode` eagerly, then inside native_drafting: token ids equal, the rest to fp32
+    rounding. -> (the eager state, the native state)."""
+    eager_state, eager = decode(spec, info, **options)
+    with native_drafting(spec):
+        state, got = decode(spec, info, **options)
+    for g, w in zip(got, eager):
+        if w.dtype == torch.int64:
+            assert torch.equal(g, w)
+        else:
+            torch.testing.assert_close(g.float(), w.float(), **FP32)
+    return eager_state, state
+
+
 @pytest.mark.parametrize("family, size", FAMILIES)
 def test_native_steps_draft_what_the_eager_layers_draft(family, size):
     info = target_info()
-    spec = _speculator(family, size, info)
-    eager_state, eager = _decode(spec, info)
-    with native_drafting(spec):
-        state, native_out = _decode(spec, info)
+    eager_state, state = _native_matches_eager(_speculator(family, size, info), info, _decode)
     assert eager_state.lean is None and isinstance(state.lean, lean_draft.LeanDraftCache)
     assert state.cache is None and state.length == eager_state.length
-    for got, want in zip(native_out, eager):
-        if want.dtype == torch.int64:
-            assert torch.equal(got, want)
-        else:
-            torch.testing.assert_close(got, want, **FP32)
 
 
 def _accept_twice_then_extend(spec, info, prompt_len=5):
@@ -90,25 +96,15 @@ def _accept_twice_then_extend(spec, info, prompt_len=5):
 @pytest.mark.parametrize("family, size", FAMILIES[::2])
 def test_queued_rows_are_fed_by_the_next_reader(family, size):
     info = target_info()
-    spec = _speculator(family, size, info)
-    eager_state, eager = _accept_twice_then_extend(spec, info)
-    with native_drafting(spec):
-        state, got = _accept_twice_then_extend(spec, info)
+    eager_state, state = _native_matches_eager(_speculator(family, size, info), info, _accept_twice_then_extend)
     assert state.queued is None and state.length == eager_state.length
-    for g, w in zip(got, eager):
-        torch.testing.assert_close(g.float(), w.float(), **FP32)
 
 
 @pytest.mark.parametrize("family, size", FAMILIES[1::2])
 def test_the_native_cache_grows_past_its_capacity(family, size):
     info = target_info()
-    spec = _speculator(family, size, info)
-    _, eager = _decode(spec, info, prompt_len=300)
-    with native_drafting(spec):
-        state, got = _decode(spec, info, prompt_len=300)
+    _, state = _native_matches_eager(_speculator(family, size, info), info, _decode, prompt_len=300)
     assert state.lean.capacity >= 300 + 6
-    for g, w in zip(got, eager):
-        torch.testing.assert_close(g.float(), w.float(), **FP32)
 
 
 @pytest.mark.parametrize("family", ["eagle3", "mlp"])
