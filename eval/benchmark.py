@@ -88,13 +88,18 @@ def score(
     run = _Runner(target, speculator, max_new_tokens, k, sampling, tree)
     # Drafting through the native GEMM where it builds, its weights in the target's dtype
     # (speculator/runtime/fast_linear.py).
-    with _eval_mode(speculator), native_drafting(speculator, target.dtype):
+    with _eval_mode(speculator), native_drafting(speculator, target.dtype) as routed:
         _warm_up(run, prompts[0], peer)
         results = [
             _score_prompt(run, prompt, rotation=i, peer=peer)
             for i, prompt in enumerate(tqdm(prompts, desc="score", unit="prompt", disable=not progress))
         ]
-    return _summarise(results, k, tie_tolerance(target))
+    summary = _summarise(results, k, tie_tolerance(target))
+    # How the drafts ran, which their timings depend on: linears on the native GEMM, packed as bf16
+    # where the target's weights are (fast_linear.DraftingOps), else as the speculator holds them.
+    packed = "bf16" if routed and target.dtype == torch.bfloat16 else "as loaded"
+    summary["drafting"] = {"native_linears": routed, "weights": packed}
+    return summary
 
 
 @dataclass

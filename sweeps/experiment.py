@@ -183,7 +183,7 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict:
                             "dtype": str(target.dtype).removeprefix("torch."),
                             "dtype_choice": getattr(target, "dtype_choice", None)}
         result.update({key: scored[key] for key in ("acceptance", "throughput", "lossless", "timing", "ci", "method",
-                                                    "parts") if key in scored})
+                                                    "parts", "drafting") if key in scored})
         result["eval"] = {"per_prompt": scored.get("per_prompt"), "k": cfg.eval.k,
                           "max_new_tokens": cfg.eval.max_new_tokens}
         log_final(run_dir, cfg, result)  # measured acceptance + speedup into the wandb run (offline by default)

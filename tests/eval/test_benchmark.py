@@ -40,6 +40,20 @@ def test_score_oracle(target, prompts):
     assert [row["prompt_tokens"] for row in result["per_prompt"]] == [p.shape[1] for p in prompts]
 
 
+@pytest.mark.parametrize("dtype, packed", [("fp32", "as loaded"), ("bf16", "bf16")])
+def test_score_records_how_the_drafts_ran(dtype, packed):
+    from speclab.speculator.runtime import native
+
+    target = tiny_llama(dtype=dtype)
+    prompt = encode_prompt(target.tokenizer, {"prompt": "Say hi"})
+    speculator = build_speculator("mlp", {"n_predict": 2, "inner_dim": 16}, TargetInfo.of(target))  # fp32; tied: 3 linears
+    drafting = score(target, speculator, [prompt], 4, 2, progress=False)["drafting"]
+    if native.load() is None:  # no C compiler: torch's linears, as loaded
+        assert drafting == {"native_linears": 0, "weights": "as loaded"}
+    else:
+        assert drafting == {"native_linears": 3, "weights": packed}
+
+
 def test_score_counts_mismatches(target, prompts, monkeypatch):
     real = benchmark.generate_speculative
 
