@@ -64,6 +64,21 @@ def test_the_choice_is_measured_once_and_remembered(fresh, monkeypatch):
     assert wide_gemm.wide_choice(FakeOps()) == WideChoice(16, 16) and calls == [1]
 
 
+def test_a_record_that_never_probed_this_builds_amx_engine_is_measured_again(fresh, monkeypatch):
+    calls = []
+    monkeypatch.setattr(wide_gemm, "time_paths", lambda lib, path: calls.append(1) or probe({16: 0.5}))
+    assert wide_gemm.wide_choice(FakeOps()).engine == "torch"  # a build (or process) without the tiles
+    wide_gemm._measured_choice.cache_clear()
+    monkeypatch.setattr(wide_gemm, "_has_amx", lambda lib: True)  # the same machine's next process has them
+    with_amx = probe({16: 0.5})
+    with_amx["amx"] = {"16": 0.3, "32": 0.2, "64": 0.2, "128": 0.1}
+    monkeypatch.setattr(wide_gemm, "time_paths", lambda lib, path: calls.append(2) or with_amx)
+    assert wide_gemm.wide_choice(FakeOps()) == WideChoice(16, 16, "amx") and calls == [1, 2]
+    wide_gemm._measured_choice.cache_clear()  # and that record, which did probe them, is kept
+    monkeypatch.setattr(wide_gemm, "time_paths", lambda lib, path: pytest.fail("measured a third time"))
+    assert wide_gemm.wide_choice(FakeOps()).engine == "amx"
+
+
 def test_the_amx_engine_is_taken_where_faster_and_its_layers_need_no_python_margin(fresh, monkeypatch):
     """Its layers are one native call, like the head: both start where it is under 0.8x the
     decoding path. torch faster at the widest probe takes it back, with its own margins."""
