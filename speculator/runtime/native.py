@@ -101,7 +101,15 @@ def load(march: str = MARCH) -> ctypes.CDLL | None:
     lib.lean_vector_len.restype = ctypes.c_int
     lib.lean_bf16_dot.restype = ctypes.c_int
     lib.lean_amx.restype = ctypes.c_int
+    lib.speclab_build = _build_key(cc, march)  # what `lib_build` names it by
     return lib
+
+
+def lib_build(lib) -> str:
+    """The build a library from `load` was compiled as (march included): a timing measured on
+    one build must not answer for another, as a test's haswell build once did for this
+    machine's native one. Anything else (a test's stand-in) by its str."""
+    return getattr(lib, "speclab_build", None) or str(lib)
 
 
 @lru_cache(maxsize=None)

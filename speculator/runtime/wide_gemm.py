@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import machine_records
+from . import native
 from ..timing import alternated_ms
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,12 @@ def _has_amx(lib) -> bool:
     return bool(getattr(lib, "lean_amx", lambda: 0)())
 
 
+def record_key(lib, bf16_path: str) -> list:
+    """A choice's key beside the machine's own: the probe, the decoding path it was measured
+    against, and the library measured (native.lib_build)."""
+    return RECORD_KEY + [bf16_path, native.lib_build(lib)]
+
+
 def _rows(record: dict, key: str) -> int | None:
     value = record.get(key)
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
@@ -108,7 +115,7 @@ def _rows(record: dict, key: str) -> int | None:
 @lru_cache(maxsize=None)
 def _measured_choice(lib, bf16_path: str) -> WideChoice:
     """bf16_path: the decoding path's GEMM (ops.BF16_PATHS) the engines are measured against."""
-    key = RECORD_KEY + [bf16_path]
+    key = record_key(lib, bf16_path)
     record = machine_records.read(RECORDS, key)
     if record is not None and _has_amx(lib) and "amx" not in (record.get("probe_ms") or {}):
         # Measured where the tiles were not probed (a process refused them, or an earlier

@@ -79,6 +79,22 @@ def test_a_record_that_never_probed_this_builds_amx_engine_is_measured_again(fre
     assert wide_gemm.wide_choice(FakeOps()).engine == "amx"
 
 
+def test_a_record_answers_only_for_the_library_it_measured(fresh, monkeypatch):
+    """A test's haswell build once wrote this machine's record without the AMX engine."""
+    haswell = type("HaswellOps", (FakeOps,), {"lib": "haswell-lib"})()
+    calls = []
+    monkeypatch.setattr(wide_gemm, "time_paths",
+                        lambda lib, path: calls.append(lib) or probe({16: 0.5} if lib == FakeOps.lib else {}))
+    assert wide_gemm.wide_choice(haswell) == WideChoice()
+    assert wide_gemm.wide_choice(FakeOps()) == WideChoice(16, 16) and calls == ["haswell-lib", FakeOps.lib]
+
+
+@pytest.mark.skipif(native.load() is None or native.load("haswell") is None, reason="needs two native builds")
+def test_each_native_build_names_itself():
+    assert native.lib_build(native.load()) == native.build_id()
+    assert native.lib_build(native.load("haswell")) == native.build_id("haswell") != native.build_id()
+
+
 def test_the_amx_engine_is_taken_where_faster_and_its_layers_need_no_python_margin(fresh, monkeypatch):
     """Its layers are one native call, like the head: both start where it is under 0.8x the
     decoding path. torch faster at the widest probe takes it back, with its own margins."""
@@ -90,7 +106,7 @@ def test_the_amx_engine_is_taken_where_faster_and_its_layers_need_no_python_marg
 
 
 def test_a_record_of_the_amx_engine_on_a_machine_without_it_is_measured_again(fresh, monkeypatch):
-    machine_records.write(wide_gemm.RECORDS, wide_gemm.RECORD_KEY + ["amx"],
+    machine_records.write(wide_gemm.RECORDS, wide_gemm.record_key(FakeOps.lib, "amx"),
                           {"engine": "amx", "head_rows": 16, "layer_rows": 16})
     monkeypatch.setattr(wide_gemm, "time_paths", lambda lib, path: probe({128: 0.5}))
     assert wide_gemm.wide_choice(FakeOps()) == WideChoice(128, 128, "torch")
@@ -110,7 +126,7 @@ def test_the_choice_is_remembered_per_native_path(fresh, monkeypatch):
 
 
 def test_a_corrupt_record_is_measured_again(fresh, monkeypatch):
-    machine_records.write(wide_gemm.RECORDS, wide_gemm.RECORD_KEY + ["amx"], {"head_rows": "all", "layer_rows": -3})
+    machine_records.write(wide_gemm.RECORDS, wide_gemm.record_key(FakeOps.lib, "amx"), {"head_rows": "all", "layer_rows": -3})
     monkeypatch.setattr(wide_gemm, "time_paths", lambda lib, path: probe({128: 0.5}))
     assert wide_gemm.wide_choice(FakeOps()) == WideChoice(128, 128)
 
