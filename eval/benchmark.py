@@ -17,7 +17,7 @@ from torch import nn
 from tqdm import tqdm
 
 from speclab.speculator.base import Speculator
-from speclab.speculator.runtime.fast_linear import native_drafting
+from speclab.speculator.runtime.fast_linear import drafting_ops, native_drafting
 from speclab.speculator.target import FrozenTarget
 
 from .engine import Generation, effective_draft_len, generate_plain, generate_speculative
@@ -89,16 +89,17 @@ def score(
     # Drafting through the native GEMM where it builds, its weights in the target's dtype
     # (speculator/runtime/fast_linear.py).
     with _eval_mode(speculator), native_drafting(speculator, target.dtype) as routed:
+        ops = drafting_ops(speculator)
         _warm_up(run, prompts[0], peer)
         results = [
             _score_prompt(run, prompt, rotation=i, peer=peer)
             for i, prompt in enumerate(tqdm(prompts, desc="score", unit="prompt", disable=not progress))
         ]
     summary = _summarise(results, k, tie_tolerance(target))
-    # How the drafts ran, which their timings depend on: linears on the native GEMM, packed as bf16
-    # where the target's weights are (fast_linear.DraftingOps), else as the speculator holds them.
-    packed = "bf16" if routed and target.dtype == torch.bfloat16 else "as loaded"
-    summary["drafting"] = {"native_linears": routed, "weights": packed}
+    # How the drafts ran, which their timings depend on: linears on the native GEMM, packed in the
+    # dtype the drafting ops chose (fast_linear.DraftingOps), else as the speculator holds them.
+    packed = routed and ops.weight_dtype is not None  # DraftingOps packs as bf16 or not at all
+    summary["drafting"] = {"native_linears": routed, "weights": "bf16" if packed else "as loaded"}
     return summary
 
 

@@ -118,9 +118,9 @@ def _measured_choice(lib, bf16_path: str) -> WideChoice:
     key = record_key(lib, bf16_path)
     record = machine_records.read(RECORDS, key)
     if record is not None and _has_amx(lib) and "amx" not in (record.get("probe_ms") or {}):
-        # Measured where the tiles were not probed (a process refused them, or an earlier
-        # build): on an AMX Xeon such a record kept torch's GEMM, whose batched generation
-        # ran 739-759 tok/s against 1072-1105 on the tiles (docs/results.md).
+        # The key names the build, so this is a process of the same build that could not use
+        # the tiles (the kernel asks Linux for them): its record must not keep an AMX machine
+        # on torch's GEMM (739-759 tok/s of batched generation against 1072-1105, docs/results.md).
         log.warning("the wide-GEMM record did not probe this build's AMX engine: measuring again")
         record = None
     if record is not None:

@@ -4,6 +4,8 @@ native cache, past the cache's first capacity; and they engage only where they a
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
