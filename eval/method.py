@@ -19,10 +19,16 @@ little more than one; a CPU pays nearly per token).
    and a compact union: chains as deep as the sized tree, two nodes more than that depth.
 3. A pilot: every candidate (chains at each k of `chain_k`, the sized tree) decodes the
    first `pilot_prompts` prompts for `pilot_tokens` tokens, in two rounds (the candidates
-   in order, then in reverse, so drift in the host's speed favours none); the fastest by tokens per
-   second of decoding (drafting + verification; the prefill, the same for every candidate,
-   is left out) is chosen, drafting exactly as the score then drafts. Plain decoding is the
-   same for all candidates, so tokens/s ranks speedups.
+   in order, then in reverse, so drift in the host's speed favours none), drafting exactly
+   as the score then drafts, timed by tokens per second of decoding (drafting +
+   verification; the prefill, the same for every candidate, is left out). Plain decoding
+   is the same for all candidates, so tokens/s ranks speedups.
+4. The choice: of the candidates within `tie` of the fastest, the one that accepts the most
+   tokens a step. Why not simply the fastest: on 2 prompts the pilot's two rounds of one
+   candidate disagree by 1-6% on a quiet 2-core host, more than chains of 4, 6 and 8 differ,
+   so its fastest was a coin toss among them; their acceptance is measured without that
+   noise (greedy decoding is deterministic), and scored on 16 prompts the longer chain won
+   (`suffix_corpus`: 1.94x / 2.01x / 2.03x at k = 4 / 6 / 8, docs/results.md).
 
 The chosen method is then scored on every prompt as usual (benchmark.score). The
 speculator's request memory (`Speculator.reset`) is cleared before each pilot and the
@@ -75,12 +81,17 @@ class MethodConfig:
     """Prompts the candidates decode in the pilot (the first of the eval set)."""
     pilot_tokens: int = 64
     """New tokens per pilot prompt."""
+    tie: float = 0.05
+    """Candidates within this fraction of the fastest pilot tokens/s are tied; of those, the one
+    accepting the most tokens a step is chosen (module docstring, step 4). 0: the fastest."""
 
     def __post_init__(self) -> None:
         if self.select not in ("best", "fixed"):
             raise ValueError(f"eval.method.select must be best or fixed, got {self.select!r}")
         if not self.chain_k or min(self.chain_k) < 1 or not self.cost_lengths or min(self.cost_lengths) < 1:
             raise ValueError("eval.method needs chain_k and cost_lengths of positive integers")
+        if not 0 <= self.tie < 1:
+            raise ValueError(f"eval.method.tie must be in [0, 1), got {self.tie!r}")
 
 
 @torch.no_grad()
@@ -194,20 +205,26 @@ def _pilot(target: FrozenTarget, speculator: Speculator, prompts: list[torch.Ten
     for order in (list(gens), list(gens)[::-1]):
         for i in order:
             speculator.reset()
-            gens[i] += [decode(target, speculator, p, max_new, methods[i]) for p in prompts]
+            gens[i].append([decode(target, speculator, p, max_new, methods[i]) for p in prompts])
     speculator.reset()
     out = []
     for i, method in enumerate(methods):
         if i in errors:
             out.append({**method, "tok_s": None, "error": errors[i]})
             continue
-        # Decoding time only (drafting + verification): every candidate pays the same prefill,
-        # which on a short pilot would dilute the differences the choice is made on.
-        tokens, seconds = sum(g.new_tokens for g in gens[i]), sum(g.draft_seconds + g.verify_seconds for g in gens[i])
-        steps = [n for g in gens[i] for n in g.accepted]
-        out.append({**method, "tok_s": tokens / max(seconds, 1e-9), "new_tokens": tokens, "seconds": seconds,
+        both = [g for round_ in gens[i] for g in round_]
+        steps = [n for g in both for n in g.accepted]
+        out.append({**method, **_decoding_rate(both), "tok_s_rounds": [_decoding_rate(r)["tok_s"] for r in gens[i]],
                     "acceptance_length": 1 + sum(steps) / len(steps) if steps else None})
     return out
+
+
+def _decoding_rate(generations: list) -> dict:
+    """{tok_s, new_tokens, seconds} of decoding alone (drafting + verification): every
+    candidate pays the same prefill, which on a short pilot would dilute the differences the
+    choice is made on."""
+    tokens, seconds = sum(g.new_tokens for g in generations), sum(g.draft_seconds + g.verify_seconds for g in generations)
+    return {"tok_s": tokens / max(seconds, 1e-9), "new_tokens": tokens, "seconds": seconds}
 
 
 def choose(target: FrozenTarget, speculator: Speculator, prompts: list[torch.Tensor], cfg: MethodConfig,
@@ -218,11 +235,27 @@ def choose(target: FrozenTarget, speculator: Speculator, prompts: list[torch.Ten
     methods = candidates(speculator, cfg, tree_for(cost, cfg, speculator))
     tokens = min(cfg.pilot_tokens, max_new_tokens or cfg.pilot_tokens)
     tried = pilot(target, speculator, prompts[: cfg.pilot_prompts], methods, tokens)
-    best = max((m for m in tried if m["tok_s"] is not None), key=lambda m: m["tok_s"])
     return {"verify_cost_ms": {str(n): ms for n, ms in cost.items()}, "verify_cost_source": source,
-            "pilot": {"prompts": min(cfg.pilot_prompts, len(prompts)), "max_new_tokens": tokens},
+            "pilot": {"prompts": min(cfg.pilot_prompts, len(prompts)), "max_new_tokens": tokens, "tie": cfg.tie},
             "candidates": tried,
-            "chosen": {key: best[key] for key in ("kind", "k", "shape", "depth", "top_k", "budget") if key in best}}
+            "fastest": _method_of(max(_timed(tried), key=lambda m: m["tok_s"])),
+            "chosen": _method_of(pick(tried, cfg.tie))}
+
+
+def pick(tried: list[dict], tie: float) -> dict:
+    """Of the piloted candidates within `tie` of the fastest tokens/s, the one accepting the
+    most tokens a step (the faster of equals); module docstring, step 4."""
+    timed = _timed(tried)
+    floor = (1 - tie) * max(m["tok_s"] for m in timed)
+    return max((m for m in timed if m["tok_s"] >= floor), key=lambda m: (m["acceptance_length"] or 0, m["tok_s"]))
+
+
+def _timed(tried: list[dict]) -> list[dict]:
+    return [m for m in tried if m["tok_s"] is not None]
+
+
+def _method_of(candidate: dict) -> dict:
+    return {key: candidate[key] for key in ("kind", "k", "shape", "depth", "top_k", "budget") if key in candidate}
 
 
 def tree_of(chosen: dict) -> TreeConfig | None:

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from speclab.eval.method import (MethodConfig, candidates, choose, cost_curve, pilot, tree_for, tree_of,
+from speclab.eval.method import (MethodConfig, candidates, choose, cost_curve, pick, pilot, tree_for, tree_of,
                                  verification_cost)
 from speclab.speculator.base import TargetInfo
 from speclab.speculator.families import build_speculator
@@ -90,11 +90,32 @@ def test_the_choice_follows_the_measured_speed(target, prompt, slow, expected):
     kinds = {m["kind"] for m in block["candidates"]}
     assert kinds == {"chain", "tree"} and set(block["verify_cost_ms"]) == {"1", "2", "4", "8"}
     fastest = max(block["candidates"], key=lambda m: m["tok_s"])
-    assert all(block["chosen"][key] == fastest[key] for key in block["chosen"])
+    assert all(block["fastest"][key] == fastest[key] for key in block["fastest"])
+    chosen = pick(block["candidates"], PILOT.tie)
+    assert all(block["chosen"][key] == chosen[key] for key in block["chosen"])
     if expected == "tree":
         assert tree_of(block["chosen"]).budget >= 2
     else:
         assert tree_of(block["chosen"]) is None
+
+
+def test_a_speed_tie_goes_to_the_candidate_accepting_the_most():
+    # the full recipe's suffix_corpus pilot: chains of 4, 6, 8 within the pilot's noise
+    tried = [{"kind": "chain", "k": 2, "tok_s": 140.0, "acceptance_length": 1.87},
+             {"kind": "chain", "k": 4, "tok_s": 164.1, "acceptance_length": 2.10},
+             {"kind": "chain", "k": 6, "tok_s": 160.0, "acceptance_length": 2.22},
+             {"kind": "chain", "k": 8, "tok_s": 156.5, "acceptance_length": 2.29},  # 4.6% behind: tied at 5%
+             {"kind": "tree", "shape": "dynamic", "tok_s": 125.8, "acceptance_length": 2.54},  # 23% behind
+             {"kind": "tree", "shape": "union", "tok_s": None, "error": "no trees"}]
+    assert pick(tried, 0.05)["k"] == 8
+    assert pick(tried, 0.04)["k"] == 6
+    assert pick(tried, 0.0)["k"] == 4  # tie 0: the fastest
+    assert pick(tried, 0.3)["shape"] == "dynamic"
+    equal = [{"kind": "chain", "k": 1, "tok_s": 100.0, "acceptance_length": 2.0},
+             {"kind": "chain", "k": 2, "tok_s": 101.0, "acceptance_length": 2.0}]
+    assert pick(equal, 0.05)["k"] == 2  # the faster of equals
+    with pytest.raises(ValueError, match="tie"):
+        MethodConfig(tie=1.0)
 
 
 def test_the_pilot_times_every_candidate_in_order_then_in_reverse(target, prompt, monkeypatch):
@@ -107,6 +128,8 @@ def test_the_pilot_times_every_candidate_in_order_then_in_reverse(target, prompt
     timed = [k for k, n in calls if n == 8]  # the warm-ups decode WARMUP_TOKENS
     assert timed == [1, 2, 3, 3, 2, 1]
     assert all(m["new_tokens"] == 2 * 8 for m in tried)  # both rounds counted
+    assert all(len(m["tok_s_rounds"]) == 2 and min(m["tok_s_rounds"]) <= m["tok_s"] <= max(m["tok_s_rounds"])
+               for m in tried)  # each round's rate recorded, the pilot's noise visible in result.json
 
 
 def test_pilots_do_not_leak_the_eval_history(target, prompt):
