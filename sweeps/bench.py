@@ -212,7 +212,10 @@ def format_report(report: dict) -> str:
     sampling = cfg.get("sampling", {})
     lines.append(f"speclab bench: k={cfg.get('k')}, max_new_tokens={cfg.get('max_new_tokens')}, "
                  f"temperature={sampling.get('temperature')}, threads={cfg.get('threads')}, sets={cfg.get('sets')}")
-    blocks = [("overall", report["overall"])] + [(f"set {n}", s["methods"]) for n, s in report["sets"].items()]
+    blocks = [("overall", report["overall"])]
+    for name, found in report["sets"].items():  # each set, then its categories where its lines name several
+        blocks += [(f"set {name}", found["methods"])]
+        blocks += [(f"set {name}, category {c}", methods) for c, methods in found.get("categories", {}).items()]
     for title, methods in blocks:
         lines.append(f"\n{title}")
         lines.append(f"{'method':<28} {'tok/s':>7} {'95% CI':>15} {'speedup':>8} {'95% CI':>13} "

@@ -51,7 +51,9 @@ def test_bench_greedy_every_method_is_lossless(checkpoints, tmp_path, capsys):
     assert methods["plain"]["speedup_total"] == 1.0 and methods["plain"]["acceptance_length"] == 1.0
     assert methods["spec_mlp"]["timing"]["draft_ms_per_token"] > 0
     assert set(report["sets"]["prompts"]["categories"]) == {"code", "chat"}
-    assert "hf_assisted" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "hf_assisted" in printed
+    assert "set prompts, category code" in printed and "set prompts, category chat" in printed
 
 
 def test_bench_methods_do_not_share_a_drafters_memory(checkpoints, tmp_path):
