@@ -85,8 +85,9 @@ class MethodConfig:
     pilot_tokens: int = 64
     """New tokens per pilot prompt."""
     tie: float = 0.05
-    """Candidates within this fraction of the fastest pilot tokens/s are tied; of those, the one
-    accepting the most tokens a step is chosen (module docstring, step 4). 0: the fastest."""
+    """Candidates within this fraction of the fastest pilot tokens/s (each by its faster round)
+    are tied; of those, the one accepting the most tokens a step is chosen (module docstring,
+    step 4). 0: the fastest."""
 
     def __post_init__(self) -> None:
         if self.select not in ("best", "fixed"):

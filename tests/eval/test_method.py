@@ -100,7 +100,7 @@ def test_the_choice_follows_the_measured_speed(target, prompt, slow, expected):
 
 
 def test_a_speed_tie_goes_to_the_candidate_accepting_the_most():
-    # the full recipe's suffix_corpus pilot: chains of 4, 6, 8 within the pilot's noise
+    # shaped like the full recipe's suffix_corpus pilot: chains of 4, 6, 8 within the pilot's noise
     tried = [{"kind": "chain", "k": 2, "tok_s": 140.0, "acceptance_length": 1.87},
              {"kind": "chain", "k": 4, "tok_s": 164.1, "acceptance_length": 2.10},
              {"kind": "chain", "k": 6, "tok_s": 160.0, "acceptance_length": 2.22},
