@@ -58,6 +58,7 @@ from .tree import TreeConfig, generate_tree
 WARMUP_TOKENS = 4  # an untimed run per candidate: first calls of a shape are slower
 COST_CONTEXT = 128  # cached tokens the remembered curve is measured after (the prompt's tokens, tiled)
 COST_RECORDS = "verify-cost"  # the speclab cache folder of remembered curves
+METHOD_KEYS = ("kind", "k", "shape", "depth", "top_k", "budget")  # what names a drafting method
 
 
 @dataclass
@@ -242,8 +243,8 @@ def choose(target: FrozenTarget, speculator: Speculator, prompts: list[torch.Ten
     return {"verify_cost_ms": {str(n): ms for n, ms in cost.items()}, "verify_cost_source": source,
             "pilot": {"prompts": min(cfg.pilot_prompts, len(prompts)), "max_new_tokens": tokens, "tie": cfg.tie},
             "candidates": tried,
-            "fastest": _method_of(max(_timed(tried), key=_speed)),
-            "chosen": _method_of(pick(tried, cfg.tie))}
+            "fastest": method_of(max(_timed(tried), key=_speed)),
+            "chosen": method_of(pick(tried, cfg.tie))}
 
 
 def pick(tried: list[dict], tie: float) -> dict:
@@ -263,8 +264,9 @@ def _timed(tried: list[dict]) -> list[dict]:
     return [m for m in tried if m["tok_s"] is not None]
 
 
-def _method_of(candidate: dict) -> dict:
-    return {key: candidate[key] for key in ("kind", "k", "shape", "depth", "top_k", "budget") if key in candidate}
+def method_of(candidate: dict) -> dict:
+    """The method a piloted candidate names (its pilot figures left out)."""
+    return {key: candidate[key] for key in METHOD_KEYS if key in candidate}
 
 
 def tree_of(chosen: dict) -> TreeConfig | None:

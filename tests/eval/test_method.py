@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from speclab.eval.method import (MethodConfig, candidates, choose, cost_curve, pick, pilot, tree_for, tree_of,
-                                 verification_cost)
+from speclab.eval.method import (MethodConfig, candidates, choose, cost_curve, method_of, pick, pilot, tree_for,
+                                 tree_of, verification_cost)
 from speclab.speculator.base import TargetInfo
 from speclab.speculator.families import build_speculator
 from speculator_stubs import OracleSpeculator, scripted
@@ -143,8 +143,7 @@ def test_pilots_do_not_leak_the_eval_history(target, prompt):
     block = choose(target, speculator, [prompt], PILOT)
     assert speculator.history.size == 1  # nothing left for the final score either
     for tried in block["candidates"]:
-        alone = pilot(target, build_speculator("suffix", {}, TargetInfo.of(target)), [prompt],
-                      [{k: v for k, v in tried.items() if k in ("kind", "k", "shape", "depth", "top_k", "budget")}],
+        alone = pilot(target, build_speculator("suffix", {}, TargetInfo.of(target)), [prompt], [method_of(tried)],
                       PILOT.pilot_tokens)
         assert alone[0]["acceptance_length"] == tried["acceptance_length"], tried
 
