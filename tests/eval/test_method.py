@@ -8,8 +8,10 @@ import pytest
 
 from speclab.eval.method import (MethodConfig, candidates, choose, cost_curve, method_of, pick, pilot, tree_for,
                                  tree_of, verification_cost)
+from speclab.eval.prompts import encode_prompt
 from speclab.speculator.base import TargetInfo
 from speclab.speculator.families import build_speculator
+from speclab.speculator.targets import tiny_llama
 from speculator_stubs import OracleSpeculator, scripted
 
 DELAY_S = 0.1  # per slowed call: ~100x a warm tiny-target step, far above timing noise
@@ -82,8 +84,11 @@ def test_tree_budget_is_the_most_tokens_within_the_slack():
     assert [m.get("shape") for m in same].count("union") == 1  # no second union where the two coincide
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("slow, expected", [("tree", "chain"), ("chain", "tree")])
-def test_the_choice_follows_the_measured_speed(target, prompt, slow, expected):
+def test_the_choice_follows_the_measured_speed(slow, expected, dtype):
+    target = tiny_llama(dtype=dtype)
+    prompt = encode_prompt(target.tokenizer, {"prompt": "Write a function that returns the sum of a list"})
     speculator = scripted(OracleSpeculator, target, [prompt], 40)
     block = choose(Slowed(target, slow), speculator, [prompt], PILOT)
     assert block["chosen"]["kind"] == expected
