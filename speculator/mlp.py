@@ -22,6 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .base import Features, Speculator, TargetInfo
+from .runtime.fast_linear import drafting_ops
+from .runtime.mlp_chain import NativeMLPChain
 
 
 @dataclass
@@ -39,6 +41,7 @@ class MLPConfig:
 @dataclass
 class MLPState:
     hidden: torch.Tensor  # [1, H] target hidden state of the last committed position
+    native: NativeMLPChain | None = None  # drafting on the lean kernels (runtime/mlp_chain.py)
 
 
 class MLPSpeculator(Speculator):
@@ -99,7 +102,10 @@ class MLPSpeculator(Speculator):
         return self.config.n_predict
 
     def start(self, prompt_ids: torch.Tensor, prompt_hidden: torch.Tensor, layers=None) -> MLPState:
-        return MLPState(hidden=prompt_hidden[:, -1])
+        ops = drafting_ops(self)  # decoding on the lean kernels; training (gradients on) stays eager
+        eager = ops is None or torch.is_grad_enabled() or prompt_hidden.device.type != "cpu"
+        native = None if eager else NativeMLPChain.of(self, ops)
+        return MLPState(hidden=prompt_hidden[:, -1], native=native)
 
     @torch.no_grad()
     def propose(self, state: MLPState, pending: torch.Tensor, k: int):
@@ -112,6 +118,14 @@ class MLPSpeculator(Speculator):
             return s
 
         return self.draft_greedily(pending, k, step)
+
+    @torch.no_grad()
+    def propose_tokens(self, state: MLPState, pending: torch.Tensor, k: int) -> torch.Tensor:
+        """`propose`'s drafts, in one native call where the state drafts on the lean kernels."""
+        if state.native is None:
+            return super().propose_tokens(state, pending, k)
+        assert k <= self.config.n_predict, f"mlp speculator drafts at most {self.config.n_predict}"
+        return state.native.propose(state.hidden, int(pending[0, 0]), k)
 
     @torch.no_grad()
     def extend(self, state: MLPState, pending: torch.Tensor, paths: torch.Tensor) -> torch.Tensor:

@@ -45,6 +45,7 @@ SIGNATURES = {
     "lean_layers": (_VOID, _INT, _INT, _INT, _VOID, _INT, _INT, _INT, _INT, _INT, _FLOAT, _VOID, _VOID, _I64, _INT,
                     _VOID, _VOID, _VOID, _VOID, _VOID, _VOID, _INT, _INT, _INT, _INT, _FLOAT, _VOID),
     "lean_forward_kl": (_VOID, _INT, _VOID, _VOID, _INT, _INT, _VOID, _VOID, _VOID, _VOID),
+    "lean_mlp_chain": (_VOID, _INT, _VOID, _I64, _INT, _INT, _INT, _VOID, _FLOAT, _FLOAT, _VOID, _VOID, _VOID),
 }
 
 
