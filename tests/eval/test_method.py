@@ -164,13 +164,13 @@ def test_the_pilot_drafts_through_the_native_drafting_the_score_uses(target, pro
         pytest.skip("no native kernels on this machine: nothing is routed")
     speculator = build_speculator("mlp", {"n_predict": 2, "inner_dim": 16}, TargetInfo.of(target)).eval()
     linears = [m for m in speculator.modules() if isinstance(m, nn.Linear)]
-    routed, propose = [], speculator.propose
+    routed, propose = [], speculator.propose_tokens  # what greedy chains draft through
 
     def recording(*args, **kwargs):
         routed.append(all("forward" in vars(m) for m in linears))  # an instance forward: the native route
         return propose(*args, **kwargs)
 
-    speculator.propose = recording
+    speculator.propose_tokens = recording
     pilot(target, speculator, [prompt], [{"kind": "chain", "k": 2}], 8)
     assert routed and all(routed)
     assert not any("forward" in vars(m) for m in linears)  # and back to torch's afterwards
