@@ -107,6 +107,17 @@ def test_bench_refuses_a_crafted_target_and_runs_nothing(tmp_path, tiny_target, 
     _nothing_ran(tmp_path)
 
 
+def test_bench_names_the_fix_when_directories_follow_one_speculator_flag(tmp_path, tiny_target, capsys):
+    runs = tmp_path / "runs"
+    for name in ("a", "b"):
+        make_speculator_run(runs, name, tiny_target)
+    assert main(["bench", "--speculator", str(runs / "a"), str(runs / "b"), "--limit", "1"]) == 2
+    line = _one_error_line(capsys)
+    assert str(runs / "b") in line and "its own --speculator" in line
+    assert main(["bench", "--speculator", str(runs / "a"), "dtype=fp32", "--limit", "1"]) == 2
+    assert "--speculator" not in _one_error_line(capsys)  # not a path: no such hint
+
+
 @pytest.mark.parametrize("attack", ["interpolation", "open", "torch_load", "nested"])
 def test_export_builds_the_live_target_only_from_a_valid_description(tmp_path, attack):
     meta = {"family": "eagle", "target_config": _attacks(tmp_path)[attack]}  # eagle needs the live target
