@@ -65,6 +65,10 @@ def add_parser(commands) -> argparse.ArgumentParser:
 def check_args(args: argparse.Namespace) -> None:
     if not args.speculator and args.assistant is None:
         raise ValueError("bench needs at least one --speculator or an --assistant (their checkpoint names the target)")
+    # A shell's brace list after one --speculator lands its other directories among the overrides.
+    paths = [o for o in args.overrides if Path(o).exists()]
+    if paths:
+        raise ValueError(f"{paths} are paths, not target.KEY=VALUE changes: give each speculator its own --speculator")
     for option, value in (("--k", args.k), ("--max-new-tokens", args.max_new_tokens), ("--limit", args.limit),
                           ("--tree-depth", args.tree_depth), ("--tree-top-k", args.tree_top_k)):
         if value is not None and value < 1:

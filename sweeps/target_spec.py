@@ -128,11 +128,7 @@ def with_overrides(spec: TargetSpec, overrides: list[str]) -> TargetSpec:
     """`spec` with target.KEY=VALUE changes applied, validated like the recorded description."""
     bad = [o for o in overrides if "=" not in o or not o.startswith(OVERRIDE_PREFIX)]
     if bad:
-        # A shell's brace list after one --speculator lands its other directories here.
-        paths = [o for o in bad if Path(o).exists()]
-        hint = (f"; {paths} exist as paths: bench takes each speculator after its own --speculator"
-                if paths else "")
-        raise TargetSpecError(f"bad override(s) {bad}: the target takes target.KEY=VALUE changes{hint}")
+        raise TargetSpecError(f"bad override(s) {bad}: the target takes target.KEY=VALUE changes")
     config = spec.as_config()
     for override in overrides:
         key, text = override.removeprefix(OVERRIDE_PREFIX).split("=", 1)

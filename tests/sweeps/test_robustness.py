@@ -113,7 +113,7 @@ def test_bench_names_the_fix_when_directories_follow_one_speculator_flag(tmp_pat
         make_speculator_run(runs, name, tiny_target)
     assert main(["bench", "--speculator", str(runs / "a"), str(runs / "b"), "--limit", "1"]) == 2
     line = _one_error_line(capsys)
-    assert str(runs / "b") in line and "its own --speculator" in line
+    assert str(runs / "b") in line and "its own --speculator" in line and "bad override" not in line
     assert main(["bench", "--speculator", str(runs / "a"), "dtype=fp32", "--limit", "1"]) == 2
     assert "--speculator" not in _one_error_line(capsys)  # not a path: no such hint
 
