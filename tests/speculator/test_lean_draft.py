@@ -11,7 +11,7 @@ import torch
 
 from speclab.speculator.families import build_speculator
 from speclab.speculator.runtime import lean_draft, native
-from speclab.speculator.runtime.fast_linear import native_drafting
+from speclab.speculator.runtime.fast_linear import DraftingOps, native_drafting
 
 from test_families import SMALL, random_layers, target_info
 
@@ -112,16 +112,20 @@ def test_the_native_cache_grows_past_its_capacity(family, size):
 @pytest.mark.parametrize("family", ["eagle3", "mlp"])
 def test_weights_packed_as_bf16_draft_what_bf16_rounded_weights_draft(family):
     """native_drafting(spec, bf16), as scoring against a bf16 target runs an fp32 draft:
-    every projection reads its weight rounded to bf16 (the norms and embeddings stay fp32)."""
-    import copy
-
+    every projection reads its weight rounded to bf16 (the norms and embeddings stay fp32).
+    Where this machine's bf16 path multiplies bf16 pairs (pair_choice.py: vdpbf16ps or AMX
+    tiles), each projection's input rows are rounded to bf16 too; the reference does the
+    same, so the test asserts what the path the machine chose computes."""
     info = target_info()
     spec = _speculator(family, 0, info)
     rounded = copy.deepcopy(spec)
+    rounds_input = DraftingOps(native.load(), torch.bfloat16).bf16_dot
     with torch.no_grad():
         for module in rounded.modules():
             if isinstance(module, torch.nn.Linear):
                 module.weight.copy_(module.weight.bfloat16().float())
+                if rounds_input:
+                    module.register_forward_pre_hook(lambda _, args: (args[0].bfloat16().float(),))
     _, want = _decode(rounded, info)
     with native_drafting(spec):  # packed in fp32 first: the bf16 block must not reuse those packs
         _, fp32 = _decode(spec, info)
