@@ -165,19 +165,22 @@ def format_table(rows: list[dict]) -> str:
         return "no runs"
     baseline = best_baseline(rows)
     columns = [*COLUMNS, ("note", lambda r: note(r, baseline), False)]
-    cells = [[header for header, _, _ in columns]]
-    cells += [[cell(row) for _, cell, _ in columns] for row in sort_by_speedup(rows)]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
-    lines = []
-    for line in cells:
-        padded = [text.rjust(w) if right else text.ljust(w)
-                  for text, w, (_, _, right) in zip(line, widths, columns)]
-        lines.append("  ".join(padded).rstrip())
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    cells = [[cell(row) for _, cell, _ in columns] for row in sort_by_speedup(rows)]
+    lines = align([header for header, _, _ in columns], cells, [right for _, _, right in columns]).splitlines()
     errors = [f"  {row.get('run_id')}: {row['error']}" for row in rows if row.get("error")]
     if errors:
         lines += ["", "errors:", *errors]
     return "\n".join(lines)
+
+
+def align(header: list[str], cells: list[list[str]], right: list[bool]) -> str:
+    """The runs table's layout: padded columns, a dashed rule under the header."""
+    lines = [header, *cells]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    out = ["  ".join(text.rjust(w) if r else text.ljust(w) for text, w, r in zip(line, widths, right)).rstrip()
+           for line in lines]
+    out.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(out)
 
 
 def _is_number(value: Any) -> bool:

@@ -1,9 +1,10 @@
-"""The README's data-scaling table and the recorded cells it is drawn from cannot drift apart.
+"""docs/results.md's data-scaling tables and the recorded cells they are drawn from cannot drift apart.
 
 docs/study_cells.csv holds every scoring of the study's grid (its runs are spread over
-hosts and dates, most no longer on disk); the README's table shows each cell as
-"acceptance / speedup", a range where a cell was scored more than once, and its baseline
-sentence the range of every baseline scoring. Each is checked against the other here.
+hosts and dates, most no longer on disk); the generated table shows each cell as
+"acceptance / speedup", the median and (lowest–highest) where a cell was scored more than
+once, and the baselines table the median and range of every baseline scoring. Each is
+checked against the other here.
 """
 
 from __future__ import annotations
@@ -20,17 +21,19 @@ BUDGETS = {"30k tokens": 30_000, "100k": 100_000, "300k": 300_000, "1M": 1_000_0
 RECIPES = {"self-distilled": "self_distilled", "teacher-forced": "teacher_forced", "two-stage": "two_stage",
            "the self-distilled answers as a `suffix` corpus": "corpus"}
 LEARNED = {"self_distilled", "teacher_forced", "two_stage"}
-NUMBER = r"(\d+\.\d+)(?:–(\d+\.\d+))?"
+NUMBER = r"(\d+\.\d+)x?(?: \((\d+\.\d+)–(\d+\.\d+)\))?"
+RESULTS = ROOT / "docs" / "results.md"
 
 
 def span(text: str) -> tuple[float, float]:
-    low, high = re.fullmatch(NUMBER, text).groups()
-    return float(low), float(high or low)
+    """'1.41' -> (1.41, 1.41); '1.11x (1.05–1.17)' -> (1.05, 1.17): the range of the cell's scorings."""
+    middle, low, high = re.fullmatch(NUMBER, text).groups()
+    return float(low or middle), float(high or middle)
 
 
 def readme_grid() -> dict[tuple[str, str, int], tuple[tuple[float, float], tuple[float, float]]]:
-    """(recipe, family, budget) -> (acceptance range, speedup range) as the README's table prints them."""
-    lines = (ROOT / "README.md").read_text().splitlines()
+    """(recipe, family, budget) -> (acceptance range, speedup range) as the results' table prints them."""
+    lines = RESULTS.read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("| recipe | family | 30k tokens"))
     header = [c.strip() for c in lines[start].strip("|").split("|")]
     grid = {}
@@ -45,7 +48,7 @@ def readme_grid() -> dict[tuple[str, str, int], tuple[tuple[float, float], tuple
             text = text.replace("*", "")
             if text != "–":
                 accepted, speedup = text.split(" / ")
-                grid[recipe, row[1].strip("`"), BUDGETS[column]] = (span(accepted), span(speedup.rstrip("x")))
+                grid[recipe, row[1].strip("`"), BUDGETS[column]] = (span(accepted), span(speedup))
     return grid
 
 
@@ -59,7 +62,7 @@ def recorded():
     return cells(ROOT / "docs" / "study_cells.csv")
 
 
-def test_every_recorded_cell_is_in_the_readme_table_within_its_range(recorded):
+def test_every_recorded_cell_is_in_the_results_table_within_its_range(recorded):
     grid = readme_grid()
     for cell in recorded[0]:
         (accepted_lo, accepted_hi), (speed_lo, speed_hi) = grid[key_of(cell)]
@@ -67,7 +70,7 @@ def test_every_recorded_cell_is_in_the_readme_table_within_its_range(recorded):
         assert speed_lo <= cell["speedup"] <= speed_hi, cell
 
 
-def test_every_learned_readme_cell_is_exactly_its_recorded_scorings(recorded):
+def test_every_learned_results_cell_is_exactly_its_recorded_scorings(recorded):
     by_cell: dict[tuple, list[dict]] = {}
     for cell in recorded[0]:
         by_cell.setdefault(key_of(cell), []).append(cell)
@@ -75,17 +78,17 @@ def test_every_learned_readme_cell_is_exactly_its_recorded_scorings(recorded):
         if key[0] not in LEARNED:
             continue
         scorings = by_cell.get(key)
-        assert scorings, f"{key} is in the README's table but not in docs/study_cells.csv"
+        assert scorings, f"{key} is in the results' table but not in docs/study_cells.csv"
         lengths, speeds = [c["acceptance_length"] for c in scorings], [c["speedup"] for c in scorings]
         assert accepted == (min(lengths), max(lengths)) and speedup == (min(speeds), max(speeds)), key
 
 
-def test_the_readme_baseline_ranges_are_those_of_the_recorded_baselines(recorded):
-    text = " ".join((ROOT / "README.md").read_text().split())
+def test_the_baseline_ranges_are_those_of_the_recorded_baselines(recorded):
+    text = RESULTS.read_text()
     for family in ("suffix", "ngram"):
-        found = re.search(rf"baselines scored in the same sweeps:.*?`{family}` {NUMBER} / {NUMBER}x", text)
+        found = re.search(rf"^\| `{family}` \| {NUMBER} \| {NUMBER} \| \d+ \|$", text, re.M)
         assert found, family
-        lo, hi, speed_lo, speed_hi = (float(v) if v else None for v in found.groups())
+        _, lo, hi, _, speed_lo, speed_hi = (float(v) if v else None for v in found.groups())
         scored = [b for b in recorded[1] if b["family"] == family]
         assert (lo, hi) == (min(b["acceptance_length"] for b in scored), max(b["acceptance_length"] for b in scored))
         assert (speed_lo, speed_hi) == (min(b["speedup"] for b in scored), max(b["speedup"] for b in scored))

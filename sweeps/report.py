@@ -1,0 +1,317 @@
+"""Generated tables: every figure in README.md and docs/results.md comes from a record.
+
+    python -m speclab.sweeps.report render [--check]
+    python -m speclab.sweeps.report record --runs runs/demo --name demo [--scoring NAME] [--command CMD]
+
+A record is a CSV file under docs/records/ (docs/study_cells.csv is the data-scaling
+study's): one row per scoring of one thing, with the machine, its CPU flags, the date and
+dtype, and the command that measured it. `render` rewrites each block between
+`<!-- table:NAME -->` and `<!-- /table:NAME -->` in the pages from its record, so a figure
+is changed by changing the record, never the page; `--check` rewrites nothing and exits 1
+naming each block that differs (the docs test runs it). Where a record holds several
+scorings of a thing, the table shows their median and, in brackets, their range; a single
+scoring shows its 95% interval when the record has one. `record` appends a runs folder's
+result.json figures as one scoring, on the machine it runs on.
+
+Records are read as data: values are parsed as numbers or shown as text, never evaluated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import os
+import re
+import statistics
+import sys
+from pathlib import Path
+from typing import Callable
+
+from .index import load_rows
+from .table import (align, best_baseline, format_lossless, format_method, format_params, format_per_position,
+                    note, sort_by_speedup)
+
+PAGES = ("README.md", "docs/results.md")
+BLOCK = re.compile(r"(<!-- table:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /table:(?P=name) -->)", re.S)
+RUN_COLUMNS = ("scoring", "run", "family", "params", "acceptance_length", "per_position", "spec_tok_s",
+               "baseline_tok_s", "speedup", "ci_low", "ci_high", "method", "lossless", "status", "note",
+               "machine", "cpu_flags", "date", "dtype", "command")
+SHOWN_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")  # the flags that pick a kernel path
+
+
+def read_record(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def number(text: str | None) -> float | None:
+    try:
+        return float(text) if text not in (None, "") else None
+    except ValueError:
+        return None
+
+
+def spread(values: list[float], fmt: str = ".2f", unit: str = "", ci: tuple | None = None) -> str:
+    """One scoring: its figure (and its interval when known); several: median (lowest–highest)."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return "–"
+    mid = f"{statistics.median(values):{fmt}}{unit}"
+    if len(values) > 1:
+        return f"{mid} ({min(values):{fmt}}–{max(values):{fmt}})"
+    if ci and None not in ci:
+        return f"{mid} ({ci[0]:{fmt}}–{ci[1]:{fmt}})"
+    return mid
+
+
+def measured_on(rows: list[dict], machine: str = "machine", date: str = "date") -> str:
+    """One line: each distinct (machine, CPU flags, dtype), with its dates."""
+    seen: dict[tuple, list[str]] = {}
+    for row in rows:
+        key = (row.get(machine), row.get("cpu_flags"), row.get("dtype"))
+        seen.setdefault(key, [])
+        if row.get(date) not in seen[key]:
+            seen[key].append(row.get(date))
+    parts = []
+    for (name, flags, dtype), dates in seen.items():
+        described = name + (f" (`{flags}`)" if flags else "") + (f", {dtype}" if dtype else "")
+        parts.append(f"{described}, {', '.join(sorted(dates))}")
+    return "Measured on: " + "; ".join(parts) + "."
+
+
+def commands_of(rows: list[dict]) -> str:
+    distinct = list(dict.fromkeys(row["command"] for row in rows if row.get("command")))
+    return "Command: " + "; ".join(f"`{c}`" for c in distinct) + "." if distinct else ""
+
+
+def markdown(header: list[str], cells: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join([*lines, *("| " + " | ".join(row) + " |" for row in cells)])
+
+
+def scorings(rows: list[dict]) -> list[str]:
+    return list(dict.fromkeys(row["scoring"] for row in rows))
+
+
+# --- the tables ------------------------------------------------------------------------------
+
+
+def printout(rows: list[dict]) -> str:
+    """The runs table as `speclab runs` prints it, for the record's latest full scoring (one
+    whose rows carry acceptance lengths: a scoring recorded by its speedups alone is not a printout)."""
+    full = [name for name in scorings(rows) if any(r["scoring"] == name and r["acceptance_length"] for r in rows)]
+    latest = [r for r in rows if r["scoring"] == full[-1]]
+    header = ["run", "family", "params", "acc.len", "per-position", "spec tok/s", "base tok/s", "speedup",
+              "method", "lossless", "status", "note"]
+    right = [False, False, True, True, False, True, True, True, False, True, False, False]
+
+    def show(text: str, fmt: str, unit: str = "") -> str:
+        value = number(text)
+        return "-" if value is None else f"{value:{fmt}}{unit}"
+
+    cells = [[r["run"], r["family"], r["params"], show(r["acceptance_length"], ".2f"), r["per_position"] or "-",
+              show(r["spec_tok_s"], ".1f"), show(r["baseline_tok_s"], ".1f"), show(r["speedup"], ".2f", "x"),
+              r["method"] or "-", r["lossless"] or "-", r["status"], r["note"]] for r in latest]
+    table = "```\n" + align(header, cells, right) + "\n```"
+    return "\n".join([table, "", measured_on(latest) + " " + commands_of(latest)])
+
+
+def medians(rows: list[dict]) -> str:
+    """Each run over every scoring in the record: median (range), or its interval when scored once."""
+    by_run: dict[str, list[dict]] = {}
+    for row in rows:
+        by_run.setdefault(row["run"], []).append(row)
+    cells = []
+    for run, scored in by_run.items():
+        speed = [number(r["speedup"]) for r in scored]
+        ci = (number(scored[0]["ci_low"]), number(scored[0]["ci_high"]))
+        cells.append([run, scored[0]["family"], next((r["method"] for r in scored if r["method"]), "–"),
+                      spread([number(r["acceptance_length"]) for r in scored]),
+                      spread(speed, unit="x", ci=ci), str(sum(v is not None for v in speed)),
+                      " ".join(dict.fromkeys(r["lossless"] for r in scored))])
+    header = ["run", "family", "method", "acceptance length", "speedup", "scorings", "lossless"]
+    return "\n".join([markdown(header, cells), "", measured_on(rows) + " " + commands_of(rows)])
+
+
+def demo_machines(rows: list[dict]) -> str:
+    header = ["machine", "CPU flags", "dtype", "cold, min", "warm, min", "best run", "best baseline", "date"]
+    cells = [[r["machine"], f"`{r['cpu_flags']}`", r["dtype"], r["cold_min"], r["warm_min"],
+              f"{r['best_speedup']}x ({r['scored']})", f"{r['baseline_speedup']}x", r["date"]] for r in rows]
+    return "\n".join([markdown(header, cells), "", measured_on(rows) + " " + commands_of(rows)])
+
+
+def categories(rows: list[dict]) -> str:
+    """Speedup / acceptance length per method and prompt category."""
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    names = list(dict.fromkeys(r["category"] for r in rows))
+    by = {(r["method"], r["category"]): r for r in rows}
+    cells = []
+    for method in methods:
+        line = [method]
+        for name in names:
+            r = by.get((method, name))
+            accepted = number(r["acceptance_length"]) if r else None
+            shown = "–" if r is None else f"{float(r['speedup']):.2f}x"
+            line.append(shown + (f" / {accepted:.2f}" if accepted else ""))
+        cells.append(line)
+    return "\n".join([markdown(["method", *names], cells), "", measured_on(rows) + " " + commands_of(rows)])
+
+
+STUDY_RECIPES = {"self_distilled": "self-distilled", "teacher_forced": "teacher-forced Python source",
+                 "two_stage": "two-stage (source, then self-distilled; tokens per stage)",
+                 "corpus": "the self-distilled answers as a `suffix` corpus (no training)"}
+STUDY_BUDGETS = {30_000: "30k tokens", 100_000: "100k", 300_000: "300k", 1_000_000: "1M"}
+
+
+def study_grid(rows: list[dict]) -> str:
+    """The data-scaling grid: acceptance length / speedup per recipe, family and token budget."""
+    cells: dict[tuple, list[dict]] = {}
+    for row in rows:
+        if row["recipe"] != "baseline":
+            cells.setdefault((row["recipe"], row["family"]), []).append(row)
+    lines = []
+    for recipe in STUDY_RECIPES:
+        for family in dict.fromkeys(r["family"] for r in rows if r["recipe"] == recipe):
+            scored = cells[recipe, family]
+            line = [STUDY_RECIPES[recipe], f"`{family}`"]
+            for budget in STUDY_BUDGETS:
+                at = [r for r in scored if int(r["budget"]) == budget]
+                line.append(f"{spread([number(r['acceptance_length']) for r in at])} / "
+                            f"{spread([number(r['speedup']) for r in at], unit='x')}" if at else "–")
+            lines.append(line)
+    return "\n".join([markdown(["recipe", "family", *STUDY_BUDGETS.values()], lines), "",
+                      measured_on(rows, machine="host"), ""])
+
+
+def study_baselines(rows: list[dict]) -> str:
+    """The training-free baselines scored in the study's sweeps."""
+    base = [r for r in rows if r["recipe"] == "baseline"]
+    lines = [[f"`{family}`", spread([number(r["acceptance_length"]) for r in base if r["family"] == family]),
+              spread([number(r["speedup"]) for r in base if r["family"] == family], unit="x"),
+              str(sum(r["family"] == family for r in base))]
+             for family in dict.fromkeys(r["family"] for r in base)]
+    return "\n".join([markdown(["baseline", "acceptance length", "speedup", "scorings"], lines), "",
+                      measured_on(base, machine="host"), ""])
+
+
+# name -> (record, how it is drawn)
+TABLES: dict[str, tuple[str, Callable[[list[dict]], str]]] = {
+    "demo": ("docs/records/demo.csv", printout),
+    "demo-medians": ("docs/records/demo.csv", medians),
+    "demo-machines": ("docs/records/demo_machines.csv", demo_machines),
+    "full-recipe": ("docs/records/full_recipe.csv", medians),
+    "full-recipe-categories": ("docs/records/full_recipe_categories.csv", categories),
+    "data-scaling": ("docs/study_cells.csv", study_grid),
+    "data-scaling-baselines": ("docs/study_cells.csv", study_baselines),
+}
+
+
+def rendered(name: str, root: Path) -> str:
+    record, draw = TABLES[name]
+    return draw(read_record(root / record)).rstrip("\n") + "\n"
+
+
+def render_page(text: str, root: Path) -> str:
+    def block(m: re.Match) -> str:
+        if m["name"] not in TABLES:
+            raise SystemExit(f"unknown generated table {m['name']!r}; known: {', '.join(TABLES)}")
+        return m.group(1) + rendered(m["name"], root) + m.group(4)
+
+    return BLOCK.sub(block, text)
+
+
+def stale_blocks(root: Path) -> list[str]:
+    """'page: table' for each generated block whose text is not what `render` writes."""
+    stale = []
+    for page in PAGES:
+        text = (root / page).read_text()
+        for m in BLOCK.finditer(text):
+            if m["body"] != rendered(m["name"], root):
+                stale.append(f"{page}: {m['name']}")
+    return stale
+
+
+# --- writing a record from a runs folder -----------------------------------------------------
+
+
+def record_rows(runs_dir: Path, scoring: str, command: str) -> list[dict]:
+    """One scoring of every run in runs_dir, in the runs table's order, on this machine."""
+    from speclab.speculator.runtime.native import cpu_info  # the machine the record is written on
+
+    model, flags = cpu_info()
+    rows = load_rows(runs_dir)
+    baseline = best_baseline(rows)
+    today = datetime.date.today().isoformat()
+    out = []
+    for row in sort_by_speedup(rows):
+        result = row.get("result") or {}
+        ci = (result.get("ci") or {}).get("speedup_total") or [None, None]
+        out.append({
+            "scoring": scoring, "run": row["run_dir"], "family": row.get("family") or "",
+            "params": format_params(row.get("params")), "acceptance_length": _fixed(row.get("acceptance_length")),
+            "per_position": format_per_position(row.get("per_position")),
+            "spec_tok_s": _fixed(row.get("spec_tok_s"), 1),
+            "baseline_tok_s": _fixed(row.get("baseline_tok_s"), 1), "speedup": _fixed(row.get("speedup")),
+            "ci_low": _fixed(ci[0]), "ci_high": _fixed(ci[1]), "method": format_method(row),
+            "lossless": format_lossless(row), "status": row.get("status") or "", "note": note(row, baseline),
+            "machine": f"{model or 'unknown CPU'} ({os.cpu_count()} cores)", "cpu_flags": " ".join(f for f in SHOWN_FLAGS if f in flags),
+            "date": today, "dtype": (result.get("target") or {}).get("dtype") or "", "command": command,
+        })
+    return out
+
+
+def _fixed(value, digits: int = 2) -> str:
+    return f"{value:.{digits}f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
+
+
+def append_record(path: Path, rows: list[dict]) -> None:
+    new = not path.exists()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=RUN_COLUMNS, lineterminator="\n")
+        if new:
+            writer.writeheader()
+        writer.writerows(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m speclab.sweeps.report", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="action", required=True)
+    render = sub.add_parser("render", help="rewrite every generated table from its record")
+    render.add_argument("--check", action="store_true", help="write nothing; exit 1 if a table differs")
+    render.add_argument("--root", type=Path, default=Path("."), help="the repository (default: here)")
+    record = sub.add_parser("record", help="append a runs folder's results to a record as one scoring")
+    record.add_argument("--runs", type=Path, required=True)
+    record.add_argument("--name", required=True, help="the record: docs/records/NAME.csv")
+    record.add_argument("--scoring", default=None, help="this scoring's name (default: the date and time)")
+    record.add_argument("--command", default="make demo", help="the command that made the runs")
+    record.add_argument("--root", type=Path, default=Path("."))
+    args = parser.parse_args(argv)
+
+    if args.action == "record":
+        if not re.fullmatch(r"[\w-]+", args.name):
+            parser.error(f"--name {args.name!r}: letters, digits, '-' and '_' only")
+        scoring = args.scoring or datetime.datetime.now().strftime("%Y-%m-%dT%H:%M")
+        rows = record_rows(args.runs, scoring, args.command)
+        path = args.root / "docs" / "records" / f"{args.name}.csv"
+        append_record(path, rows)
+        print(f"{path}: {len(rows)} rows appended as scoring {scoring!r}; now run `render`")
+        return 0
+    if args.check:
+        stale = stale_blocks(args.root)
+        for line in stale:
+            print(f"{line}: differs from its record (edited by hand?); run `python -m speclab.sweeps.report render`")
+        return 1 if stale else 0
+    for page in PAGES:
+        path = args.root / page
+        text = path.read_text()
+        new = render_page(text, args.root)
+        if new != text:
+            path.write_text(new)
+            print(f"{page}: rewritten")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

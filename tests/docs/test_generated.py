@@ -1,0 +1,64 @@
+"""Every generated table is what its record renders, and the front page stays short.
+
+A table between `<!-- table:NAME -->` markers in README.md or docs/results.md is written by
+`python -m speclab.sweeps.report render` from its record; a hand edit fails here.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from speclab.sweeps import report
+
+ROOT = Path(__file__).parents[2]
+README_LINES = 120
+
+
+def test_every_generated_table_equals_what_render_writes():
+    assert report.stale_blocks(ROOT) == [], "run `python -m speclab.sweeps.report render`"
+
+
+def test_each_page_has_its_generated_tables():
+    found = {m["name"] for page in report.PAGES for m in report.BLOCK.finditer((ROOT / page).read_text())}
+    assert found == set(report.TABLES)
+    assert "table:demo" in (ROOT / "README.md").read_text()
+
+
+def test_the_readme_is_short():
+    assert len((ROOT / "README.md").read_text().splitlines()) <= README_LINES
+
+
+def copy_of_the_docs(tmp_path: Path) -> Path:
+    for page in report.PAGES:
+        (tmp_path / page).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / page, tmp_path / page)
+    shutil.copytree(ROOT / "docs" / "records", tmp_path / "docs" / "records")
+    shutil.copy(ROOT / "docs" / "study_cells.csv", tmp_path / "docs" / "study_cells.csv")
+    return tmp_path
+
+
+def test_a_hand_edited_figure_fails_the_check_and_render_restores_it(tmp_path):
+    root = copy_of_the_docs(tmp_path)
+    readme = root / "README.md"
+    original = readme.read_text()
+    readme.write_text(original.replace("1.83x", "1.93x", 1))
+    assert report.stale_blocks(root) == ["README.md: demo"]
+    assert report.main(["render", "--check", "--root", str(root)]) == 1
+    assert report.main(["render", "--root", str(root)]) == 0
+    assert readme.read_text() == original
+
+
+def test_render_is_idempotent(tmp_path):
+    root = copy_of_the_docs(tmp_path)
+    report.main(["render", "--root", str(root)])
+    once = {page: (root / page).read_text() for page in report.PAGES}
+    report.main(["render", "--root", str(root)])
+    assert once == {page: (root / page).read_text() for page in report.PAGES}
+
+
+def test_spread_shows_one_figure_its_interval_or_the_median_and_range():
+    assert report.spread([1.5]) == "1.50"
+    assert report.spread([1.5], unit="x", ci=(1.2, 1.8)) == "1.50x (1.20–1.80)"
+    assert report.spread([1.2, 1.9, 1.5], unit="x") == "1.50x (1.20–1.90)"
+    assert report.spread([None]) == "–"

@@ -1,0 +1,54 @@
+"""`report record` turns a runs folder's result.json files into record rows that `render` draws."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+from test_index import make_run
+
+from speclab.sweeps import report
+from speclab.sweeps.results import write_result
+
+
+def test_record_appends_one_scoring_per_call_in_the_runs_tables_order(tmp_path):
+    runs = tmp_path / "runs"
+    make_run(runs, "sweep/0-mlp", speedup=1.30, acceptance_length=2.1)
+    base = make_run(runs, "sweep/baseline-ngram", speedup=1.40, acceptance_length=1.8, family="ngram", params=0)
+    data = json.loads((base / "result.json").read_text())
+    data["ci"] = {"speedup_total": [1.21, 1.55]}
+    data["target"] = {"dtype": "bf16"}
+    write_result(base, data)
+
+    argv = ["record", "--runs", str(runs), "--name", "demo", "--root", str(tmp_path), "--command", "make demo"]
+    assert report.main([*argv, "--scoring", "first"]) == 0
+    assert report.main([*argv, "--scoring", "second"]) == 0
+    with open(tmp_path / "docs" / "records" / "demo.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == list(report.RUN_COLUMNS)
+    assert [(r["scoring"], r["run"]) for r in rows] == [
+        ("first", "sweep/baseline-ngram"), ("first", "sweep/0-mlp"),
+        ("second", "sweep/baseline-ngram"), ("second", "sweep/0-mlp")]
+    ngram, mlp = rows[:2]
+    assert (ngram["speedup"], ngram["ci_low"], ngram["ci_high"], ngram["dtype"]) == ("1.40", "1.21", "1.55", "bf16")
+    assert ngram["note"] == "baseline" and mlp["note"] == "below baseline (ngram 1.40x)"
+    assert (mlp["params"], mlp["per_position"], mlp["lossless"]) == ("12.3K", "0.60/0.40", "4/4")
+    assert ngram["date"] and ngram["machine"] and ngram["command"] == "make demo"
+
+    medians = report.medians(rows)
+    assert "| sweep/0-mlp | mlp | - | 2.10 (2.10–2.10) | 1.30x (1.30–1.30) | 2 | 4/4 |" in medians
+    printed = report.printout(rows)
+    assert "sweep/baseline-ngram" in printed and "Command: `make demo`." in printed
+
+
+def test_a_single_scoring_shows_its_interval(tmp_path):
+    rows = [dict.fromkeys(report.RUN_COLUMNS, "") | {"scoring": "a", "run": "r", "family": "mlp", "speedup": "1.50",
+                                                      "ci_low": "1.20", "ci_high": "1.80", "machine": "cpu"}]
+    assert "| 1.50x (1.20–1.80) | 1 |" in report.medians(rows)
+
+
+def test_a_bad_record_name_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        report.main(["record", "--runs", str(tmp_path), "--name", "../x", "--root", str(tmp_path)])
+    assert "letters, digits" in capsys.readouterr().err
