@@ -1,12 +1,14 @@
 """Draw a runs directory's leaderboard: measured speedup and mean acceptance length per run.
 
     python -m speclab.sweeps.plot_leaderboard --runs DIR --out docs/leaderboard.svg
+    python -m speclab.sweeps.plot_leaderboard --record docs/records/demo.csv --out docs/leaderboard.svg
 
 Only runs that count (completed, checked lossless, speedup measured: table.counts) are
 drawn, best speedup first; the training-free baselines are drawn in their own colour so a
 learned run is read against them. `.svg` is written as hand-built markup (no dependency);
 any other suffix (`.png`, `.pdf`) is drawn by matplotlib, which must then be installed.
-Every figure comes from the runs' result.json files: nothing is drawn that was not measured.
+Every figure comes from the runs' result.json files, or from a record of them (its latest full
+scoring, sweeps/records.py): nothing is drawn that was not measured.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 from xml.sax.saxutils import escape
 
 from .index import load_rows
+from .records import counted, latest_printout, number, read_record
 from .table import counts, is_baseline, sort_by_speedup
 
 BAR_H, GAP, LABEL_W, PANEL_W, PAD = 18, 6, 260, 300, 20
@@ -30,6 +33,13 @@ def leaderboard(runs_dir: Path) -> list[dict]:
     return [{"name": r["run_dir"], "family": r["family"], "baseline": is_baseline(r),
              "speedup": float(r["speedup"]), "acceptance_length": float(r["acceptance_length"])}
             for r in rows if r["acceptance_length"] is not None]
+
+
+def leaderboard_of_record(path: Path) -> list[dict]:
+    """leaderboard() of a record's latest full scoring, in its recorded (the runs table's) order."""
+    rows = [r for r in latest_printout(read_record(path)) if counted(r) and number(r["acceptance_length"]) is not None]
+    return [{"name": r["run"], "family": r["family"], "baseline": r["note"] == "baseline",
+             "speedup": number(r["speedup"]), "acceptance_length": number(r["acceptance_length"])} for r in rows]
 
 
 def svg(entries: list[dict], title: str) -> str:
@@ -85,16 +95,19 @@ def draw_matplotlib(entries: list[dict], title: str, out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m speclab.sweeps.plot_leaderboard", description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=Path, default=Path("runs"), help="directory holding the run directories")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--runs", type=Path, default=Path("runs"), help="directory holding the run directories")
+    source.add_argument("--record", type=Path, default=None, help="a record of runs (docs/records/NAME.csv) instead")
     parser.add_argument("--out", type=Path, required=True, help="image to write: .svg (no dependency) or .png via matplotlib")
     parser.add_argument("--title", default=None, help="figure title (default: the runs directory's name)")
     args = parser.parse_args(argv)
-    if not args.runs.is_dir():
-        parser.exit(2, f"{parser.prog}: error: no runs directory {args.runs}\n")
-    entries = leaderboard(args.runs)
+    source = args.record or args.runs
+    if not source.exists():
+        parser.exit(2, f"{parser.prog}: error: no {'record' if args.record else 'runs directory'} {source}\n")
+    entries = leaderboard_of_record(args.record) if args.record else leaderboard(args.runs)
     if not entries:
-        parser.exit(2, f"{parser.prog}: error: no run under {args.runs} counts (completed, lossless, measured)\n")
-    title = args.title or f"speclab leaderboard: {args.runs.name}"
+        parser.exit(2, f"{parser.prog}: error: no run in {source} counts (completed, lossless, measured)\n")
+    title = args.title or f"speclab leaderboard: {args.record.stem if args.record else args.runs.name}"
     args.out.parent.mkdir(parents=True, exist_ok=True)
     if args.out.suffix == ".svg":
         args.out.write_text(svg(entries, title))

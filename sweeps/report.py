@@ -1,4 +1,4 @@
-"""Generated tables: every figure in README.md and docs/results.md comes from a record.
+"""Generated tables and figures: every figure in README.md and docs/results.md comes from a record.
 
     python -m speclab.sweeps.report render [--check]
     python -m speclab.sweeps.report record --runs runs/demo --name demo [--scoring NAME] [--command CMD]
@@ -8,7 +8,8 @@ study's): one row per scoring of one thing, with the machine, its CPU flags, the
 dtype, and the command that measured it. `render` rewrites each block between
 `<!-- table:NAME -->` and `<!-- /table:NAME -->` in the pages from its record, so a figure
 is changed by changing the record, never the page; `--check` rewrites nothing and exits 1
-naming each block that differs (the docs test runs it). Where a record holds several
+naming each block that differs (the docs test runs it). The README's leaderboard figure is
+drawn the same way (FIGURES). Where a record holds several
 scorings of a thing, the table shows their median and, in brackets, their range; a single
 scoring shows its 95% interval when the record has one. `record` appends a runs folder's
 result.json figures as one scoring, on the machine it runs on.
@@ -28,28 +29,15 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from . import plot_leaderboard
 from .index import load_rows
+from .records import RUN_COLUMNS, latest_printout, number, read_record, scorings
 from .table import (align, best_baseline, format_lossless, format_method, format_params, format_per_position,
                     note, sort_by_speedup)
 
 PAGES = ("README.md", "docs/results.md")
 BLOCK = re.compile(r"(<!-- table:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /table:(?P=name) -->)", re.S)
-RUN_COLUMNS = ("scoring", "run", "family", "params", "acceptance_length", "per_position", "spec_tok_s",
-               "baseline_tok_s", "speedup", "ci_low", "ci_high", "method", "lossless", "status", "note",
-               "machine", "cpu_flags", "date", "dtype", "command")
 SHOWN_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")  # the flags that pick a kernel path
-
-
-def read_record(path: Path) -> list[dict]:
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def number(text: str | None) -> float | None:
-    try:
-        return float(text) if text not in (None, "") else None
-    except ValueError:
-        return None
 
 
 def spread(values: list[float], fmt: str = ".2f", unit: str = "", ci: tuple | None = None) -> str:
@@ -90,18 +78,13 @@ def markdown(header: list[str], cells: list[list[str]]) -> str:
     return "\n".join([*lines, *("| " + " | ".join(row) + " |" for row in cells)])
 
 
-def scorings(rows: list[dict]) -> list[str]:
-    return list(dict.fromkeys(row["scoring"] for row in rows))
-
-
 # --- the tables ------------------------------------------------------------------------------
 
 
 def printout(rows: list[dict]) -> str:
     """The runs table as `speclab runs` prints it, for the record's latest full scoring (one
     whose rows carry acceptance lengths: a scoring recorded by its speedups alone is not a printout)."""
-    full = [name for name in scorings(rows) if any(r["scoring"] == name and r["acceptance_length"] for r in rows)]
-    latest = [r for r in rows if r["scoring"] == full[-1]]
+    latest = latest_printout(rows)
     header = ["run", "family", "params", "acc.len", "per-position", "spec tok/s", "base tok/s", "speedup",
               "method", "lossless", "status", "note"]
     right = [False, False, True, True, False, True, True, True, False, True, False, False]
@@ -207,6 +190,17 @@ TABLES: dict[str, tuple[str, Callable[[list[dict]], str]]] = {
 }
 
 
+# figure -> (record, title): drawn by plot_leaderboard from the record's latest full scoring
+FIGURES: dict[str, tuple[str, str]] = {
+    "docs/leaderboard.svg": ("docs/records/demo.csv", "speclab leaderboard: demo"),
+}
+
+
+def drawn(figure: str, root: Path) -> str:
+    record, title = FIGURES[figure]
+    return plot_leaderboard.svg(plot_leaderboard.leaderboard_of_record(root / record), title)
+
+
 def rendered(name: str, root: Path) -> str:
     record, draw = TABLES[name]
     return draw(read_record(root / record)).rstrip("\n") + "\n"
@@ -229,6 +223,10 @@ def stale_blocks(root: Path) -> list[str]:
         for m in BLOCK.finditer(text):
             if m["body"] != rendered(m["name"], root):
                 stale.append(f"{page}: {m['name']}")
+    for figure in FIGURES:
+        path = root / figure
+        if not path.exists() or path.read_text() != drawn(figure, root):
+            stale.append(figure)
     return stale
 
 
@@ -310,6 +308,12 @@ def main(argv: list[str] | None = None) -> int:
         if new != text:
             path.write_text(new)
             print(f"{page}: rewritten")
+    for figure in FIGURES:
+        path = args.root / figure
+        picture = drawn(figure, args.root)
+        if not path.exists() or path.read_text() != picture:
+            path.write_text(picture)
+            print(f"{figure}: drawn")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Every generated table is what its record renders, and the front page stays short.
+"""Every generated table and figure is what its record renders, and the front page stays short.
 
 A table between `<!-- table:NAME -->` markers in README.md or docs/results.md is written by
 `python -m speclab.sweeps.report render` from its record; a hand edit fails here.
@@ -34,7 +34,8 @@ def copy_of_the_docs(tmp_path: Path) -> Path:
         (tmp_path / page).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / page, tmp_path / page)
     shutil.copytree(ROOT / "docs" / "records", tmp_path / "docs" / "records")
-    shutil.copy(ROOT / "docs" / "study_cells.csv", tmp_path / "docs" / "study_cells.csv")
+    for path in ("docs/study_cells.csv", *report.FIGURES):
+        shutil.copy(ROOT / path, tmp_path / path)
     return tmp_path
 
 
@@ -49,12 +50,23 @@ def test_a_hand_edited_figure_fails_the_check_and_render_restores_it(tmp_path):
     assert readme.read_text() == original
 
 
+def test_a_hand_edited_figure_file_fails_the_check_and_render_redraws_it(tmp_path):
+    root = copy_of_the_docs(tmp_path)
+    (figure,) = report.FIGURES
+    original = (root / figure).read_text()
+    (root / figure).write_text(original.replace(">1.83x<", ">1.93x<"))
+    assert report.stale_blocks(root) == [figure]
+    report.main(["render", "--root", str(root)])
+    assert (root / figure).read_text() == original
+
+
 def test_render_is_idempotent(tmp_path):
     root = copy_of_the_docs(tmp_path)
     report.main(["render", "--root", str(root)])
-    once = {page: (root / page).read_text() for page in report.PAGES}
+    files = [*report.PAGES, *report.FIGURES]
+    once = {path: (root / path).read_text() for path in files}
     report.main(["render", "--root", str(root)])
-    assert once == {page: (root / page).read_text() for page in report.PAGES}
+    assert once == {path: (root / path).read_text() for path in files}
 
 
 def test_spread_shows_one_figure_its_interval_or_the_median_and_range():

@@ -39,3 +39,19 @@ def test_no_counted_run_is_an_error_not_an_empty_figure(tmp_path):
     with pytest.raises(SystemExit) as exit_:
         main(["--runs", str(tmp_path), "--out", str(tmp_path / "lb.svg")])
     assert exit_.value.code == 2 and not (tmp_path / "lb.svg").exists()
+
+
+def test_a_record_draws_its_latest_full_scoring_as_the_runs_would(tmp_path):
+    from speclab.sweeps import report
+    from speclab.sweeps.records import RUN_COLUMNS
+
+    run(tmp_path / "runs", "a-mlp", "mlp", 1.25, 1.5)
+    run(tmp_path / "runs", "b-ngram", "ngram", 1.5, 1.75)
+    run(tmp_path / "runs", "c-hydra", "hydra", 2.0, 2.5, mismatches=1)  # not lossless: never drawn
+    report.append_record(tmp_path / "r.csv", report.record_rows(tmp_path / "runs", "first", "cmd"))
+    partial = dict.fromkeys(RUN_COLUMNS, "") | {"scoring": "speeds only", "run": "a-mlp", "speedup": "9.0"}
+    report.append_record(tmp_path / "r.csv", [partial])  # not a full scoring: not drawn
+    from_runs, from_record = tmp_path / "runs.svg", tmp_path / "record.svg"
+    assert main(["--runs", str(tmp_path / "runs"), "--out", str(from_runs), "--title", "t"]) == 0
+    assert main(["--record", str(tmp_path / "r.csv"), "--out", str(from_record), "--title", "t"]) == 0
+    assert from_record.read_text() == from_runs.read_text()
