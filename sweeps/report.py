@@ -63,7 +63,7 @@ def measured_on(rows: list[dict], machine: str = "machine", date: str = "date") 
             seen[key].append(row.get(date))
     parts = []
     for (name, flags, dtype), dates in seen.items():
-        described = name + (f" (`{flags}`)" if flags else "") + (f", {dtype}" if dtype else "")
+        described = name + (f", CPU flags `{flags}`" if flags else "") + (f", {dtype}" if dtype else "")
         parts.append(f"{described}, {', '.join(sorted(dates))}")
     return "Measured on: " + "; ".join(parts) + "."
 
@@ -121,7 +121,7 @@ def demo_machines(rows: list[dict]) -> str:
     header = ["machine", "CPU flags", "dtype", "cold, min", "warm, min", "best run", "best baseline", "date"]
     cells = [[r["machine"], f"`{r['cpu_flags']}`", r["dtype"], r["cold_min"], r["warm_min"],
               f"{r['best_speedup']}x ({r['scored']})", f"{r['baseline_speedup']}x", r["date"]] for r in rows]
-    return "\n".join([markdown(header, cells), "", measured_on(rows) + " " + commands_of(rows)])
+    return "\n".join([markdown(header, cells), "", "Measured on: each row's machine, on its date. " + commands_of(rows)])
 
 
 def categories(rows: list[dict]) -> str:
