@@ -124,6 +124,21 @@ def demo_machines(rows: list[dict]) -> str:
     return "\n".join([markdown(header, cells), "", "Measured on: each row's machine, on its date. " + commands_of(rows)])
 
 
+def runtime(rows: list[dict]) -> str:
+    """The lean target's decode step against its memory-bandwidth bound, its verification passes
+    against one token, and against transformers' `generate`."""
+    def times(ms: str, of: str) -> str:
+        return f"{ms} ({number(ms) / number(of):.2f}x)"
+
+    header = ["machine", "CPU flags", "dtype", "1-token step, ms (x bound)", "5 tokens, ms (x step)",
+              "8 tokens, ms (x step)", "batch 32, tok/s", "step vs `generate`", "date"]
+    cells = [[r["machine"], f"`{r['cpu_flags']}`", r["dtype"], times(r["step_ms"], r["bound_ms"]),
+              times(r["pass5_ms"], r["step_ms"]), times(r["pass8_ms"], r["step_ms"]), r["batch32_tok_s"],
+              f"{number(r['vs_generate']) or number(r['generate_ms']) / number(r['step_ms']):.2f}x faster", r["date"]]
+             for r in rows]
+    return "\n".join([markdown(header, cells), "", "Measured on: each row's machine, on its date. " + commands_of(rows)])
+
+
 def categories(rows: list[dict]) -> str:
     """Speedup / acceptance length per method and prompt category."""
     methods = list(dict.fromkeys(r["method"] for r in rows))
@@ -183,6 +198,7 @@ TABLES: dict[str, tuple[str, Callable[[list[dict]], str]]] = {
     "demo": ("docs/records/demo.csv", printout),
     "demo-medians": ("docs/records/demo.csv", medians),
     "demo-machines": ("docs/records/demo_machines.csv", demo_machines),
+    "runtime": ("docs/records/runtime.csv", runtime),
     "full-recipe": ("docs/records/full_recipe.csv", medians),
     "full-recipe-categories": ("docs/records/full_recipe_categories.csv", categories),
     "data-scaling": ("docs/study_cells.csv", study_grid),
