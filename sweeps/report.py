@@ -1,7 +1,7 @@
 """Generated tables and figures: every figure in README.md and docs/results.md comes from a record.
 
     python -m speclab.sweeps.report render [--check]
-    python -m speclab.sweeps.report record --runs runs/demo --name demo [--scoring NAME] [--command CMD]
+    python -m speclab.sweeps.report record --runs runs/demo --name demo [--scoring NAME] [--command CMD] [--replace]
 
 A record is a CSV file under docs/records/ (docs/study_cells.csv is the data-scaling
 study's): one row per scoring of one thing, with the machine, its CPU flags, the date and
@@ -9,10 +9,11 @@ dtype, and the command that measured it. `render` rewrites each block between
 `<!-- table:NAME -->` and `<!-- /table:NAME -->` in the pages from its record, so a figure
 is changed by changing the record, never the page; `--check` rewrites nothing and exits 1
 naming each block that differs (the docs test runs it). The README's leaderboard figure is
-drawn the same way (FIGURES). Where a record holds several
-scorings of a thing, the table shows their median and, in brackets, their range; a single
-scoring shows its 95% interval when the record has one. `record` appends a runs folder's
-result.json figures as one scoring, on the machine it runs on.
+drawn the same way (FIGURES). Where a record holds several scorings of a thing, the table
+shows their median and, in brackets, their range; a single scoring shows its 95% interval
+when the record has one. `record` appends a runs folder's
+result.json figures as one scoring, on the machine it runs on (`--replace`: the record's
+only one).
 
 Records are read as data: values are parsed as numbers or shown as text, never evaluated.
 """
@@ -279,10 +280,10 @@ def _fixed(value, digits: int = 2) -> str:
     return f"{value:.{digits}f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
 
 
-def append_record(path: Path, rows: list[dict]) -> None:
-    new = not path.exists()
+def append_record(path: Path, rows: list[dict], replace: bool = False) -> None:
+    new = replace or not path.exists()
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", newline="") as f:
+    with open(path, "w" if new else "a", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=RUN_COLUMNS, lineterminator="\n")
         if new:
             writer.writeheader()
@@ -300,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     record.add_argument("--name", required=True, help="the record: docs/records/NAME.csv")
     record.add_argument("--scoring", default=None, help="this scoring's name (default: the date and time)")
     record.add_argument("--command", default="make demo", help="the command that made the runs")
+    record.add_argument("--replace", action="store_true", help="start the record over with this scoring")
     record.add_argument("--root", type=Path, default=Path("."))
     args = parser.parse_args(argv)
 
@@ -309,8 +311,9 @@ def main(argv: list[str] | None = None) -> int:
         scoring = args.scoring or datetime.datetime.now().strftime("%Y-%m-%dT%H:%M")
         rows = record_rows(args.runs, scoring, args.command)
         path = args.root / "docs" / "records" / f"{args.name}.csv"
-        append_record(path, rows)
-        print(f"{path}: {len(rows)} rows appended as scoring {scoring!r}; now run `render`")
+        append_record(path, rows, replace=args.replace)
+        done = "written" if args.replace else "appended"
+        print(f"{path}: {len(rows)} rows {done} as scoring {scoring!r}; now run `render`")
         return 0
     if args.check:
         stale = stale_blocks(args.root)

@@ -36,6 +36,10 @@ def test_record_appends_one_scoring_per_call_in_the_runs_tables_order(tmp_path):
     assert (mlp["params"], mlp["per_position"], mlp["lossless"]) == ("12.3K", "0.60/0.40", "4/4")
     assert ngram["date"] and ngram["machine"] and ngram["command"] == "make demo"
 
+    assert report.main([*argv, "--scoring", "third", "--replace"]) == 0
+    with open(tmp_path / "docs" / "records" / "demo.csv", newline="") as f:
+        assert {r["scoring"] for r in csv.DictReader(f)} == {"third"}
+
     medians = report.medians(rows)
     assert "| sweep/0-mlp | mlp | - | 2.10 (2.10–2.10) | 1.30x (1.30–1.30) | 2 | 4/4 |" in medians
     printed = report.printout(rows)
