@@ -35,6 +35,7 @@ from speclab.speculator.digest import weights_sha256
 from .checkpoint import CheckpointConfig, CheckpointStore
 from .features import FeatureDataset, assistant_token_counts, build_feature_store
 from .stages import stage_configs, stage_data
+from .ranks import configured_world_size
 from .supervisor import CHECKPOINTS, Outcome, SupervisorConfig, supervise
 from .train import fit
 
@@ -85,7 +86,7 @@ def run_tiny(config: dict, run_dir: Path, cache_dir: Path) -> Outcome:
     """A supervised tiny run; the outcome's train block gains the final weights' sha256."""
     run_dir.mkdir(parents=True, exist_ok=True)
     outcome = supervise(tiny_attempt, (config, str(run_dir), str(cache_dir)), run_dir,
-                        SupervisorConfig(**config["training"]["supervisor"]))
+                        SupervisorConfig(**config["training"]["supervisor"]), configured_world_size(config["training"]))
     if outcome.status == "completed":
         final = CheckpointStore(run_dir / CHECKPOINTS, CheckpointConfig()).load_latest()
         outcome.train["final_weights_sha256"] = weights_sha256(final["model"])
