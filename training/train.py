@@ -16,6 +16,7 @@ from pathlib import Path
 
 import lightning as L
 from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch.strategies import DDPStrategy
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
@@ -153,8 +154,10 @@ def strategy(cfg, device):
     timeout = datetime.timedelta(seconds=SupervisorConfig(**_plain(cfg.supervisor)).collective_timeout_s)
     # Unused parameters: a family may leave a head without a gradient on a step (a draft
     # vocabulary row never hit); DDP would otherwise wait for it forever.
+    # LightningEnvironment: the ranks' places come from the supervisor (ranks.py), also inside a
+    # SLURM job, whose environment would otherwise give every rank the job's one task id.
     return DDPStrategy(process_group_backend="nccl" if device.type == "cuda" else "gloo", timeout=timeout,
-                       find_unused_parameters=True)
+                       find_unused_parameters=True, cluster_environment=LightningEnvironment())
 
 
 def _plain(node) -> dict:
