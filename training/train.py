@@ -59,8 +59,7 @@ def fit(speculator: Speculator, target: FrozenTarget, dataset: FeatureDataset | 
                               cfg.warmup_steps, total, online=cfg.features == "online", precision=precision)
     heartbeat = Heartbeat(run_dir) if ranks.is_writer() else _no_heartbeat
     while True:
-        ranks.barrier()  # what rank 0 wrote or removed (a rollback, a partial checkpoint) is final
-        resume = store.load_latest()
+        resume = load_latest(store)
         check_world_size(resume)
         # At a stage's last checkpoint the next stage starts: the same path whether the run
         # goes on in this process or resumes there after a crash.
@@ -108,12 +107,22 @@ def restore(resume: dict | None, module: SpeculatorModule, watchdog: Watchdog, n
 
 def roll_back(trip, store: CheckpointStore, watchdog: Watchdog, trip_position: dict) -> None:
     """Back to the newest checkpoint before the spike's onset; its data window is skipped."""
-    target = store.load_latest(before=trip.onset)
+    target = load_latest(store, before=trip.onset)
     if target is None:
         raise RuntimeError(f"watchdog tripped ({trip.reason}) but no complete checkpoint precedes step {trip.onset}")
     watchdog.roll_back(trip, target["step"], target["loop"]["position"], trip_position)  # may raise: budget
     if ranks.is_writer():
         store.drop_after(target["step"])
+
+
+def load_latest(store: CheckpointStore, before: int | None = None) -> dict | None:
+    """The newest checkpoint that verifies, rank 0 first: it alone quarantines a damaged one
+    (two ranks renaming the same directory would race), and the others read after it, once
+    what rank 0 wrote or removed (a rollback, a partial checkpoint) is final."""
+    ranks.barrier()
+    resume = store.load_latest(before) if ranks.is_writer() else None
+    ranks.barrier()
+    return resume if ranks.is_writer() else store.load_latest(before)
 
 
 def check_world_size(resume: dict | None) -> None:

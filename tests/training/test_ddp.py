@@ -57,6 +57,15 @@ def test_a_rank_killed_mid_epoch_restarts_the_whole_group(clean_two, tmp_path, c
     assert out.train["loss_history"] == clean_two.train["loss_history"]
 
 
+def test_a_checkpoint_damaged_by_one_rank_is_quarantined_once_and_the_group_resumes(clean_two, tmp_path, cache):
+    """Rank 1 damages the newest checkpoint, then fails: on the restart rank 0 alone
+    quarantines it (two ranks renaming one directory raced) and both resume from the one before."""
+    out = run_tiny(tiny_config(*TWO, "faults=corrupt_checkpoint", "faults.at_step=9", "faults.rank=1"), tmp_path, cache)
+    assert out.status == "completed", out.reason
+    assert out.train["restarts"] == 1 and (tmp_path / "checkpoints" / "corrupt-step-00000008").is_dir()
+    assert out.train["final_weights_sha256"] == clean_two.train["final_weights_sha256"]
+
+
 def test_a_loss_spike_on_one_rank_rolls_every_rank_back(tmp_path, cache):
     out = run_tiny(tiny_config(*TWO, "training.max_steps=16", "faults=spike", "faults.at_step=10", "faults.rank=1",
                                "faults.spike_factor=50"), tmp_path, cache)
