@@ -30,6 +30,7 @@ from speclab.training.features import (FeatureDataset, assistant_token_counts, b
 from speclab.training.stages import stage_configs, stage_data
 from speclab.training.checkpoint import final_weights
 from speclab.training.supervisor import CHECKPOINTS, SupervisorConfig, supervise
+from speclab.training.ranks import configured_world_size
 from speclab.training.train import fit
 from speclab.training.loggers import log_final
 
@@ -218,7 +219,8 @@ def trained(cfg: DictConfig, run_dir: Path, result: dict) -> tuple[FrozenTarget,
     release_memory()
     seed_everything(cfg.seed)
     outcome = supervise(train_attempt, (result["config"], str(run_dir)), run_dir,
-                        SupervisorConfig(**result["config"]["training"]["supervisor"]))
+                        SupervisorConfig(**result["config"]["training"]["supervisor"]),
+                        configured_world_size(cfg.training))
     result["train"] = outcome.train
     outcome.raise_if_failed()
     target: FrozenTarget = instantiate(cfg.target)

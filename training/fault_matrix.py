@@ -1,12 +1,13 @@
 """The fault matrix: every fault kind at several steps on the tiny target, against a clean run.
 
-    python -m speclab.training.fault_matrix [--steps 24] [--seeds 3] [--out DIR]
+    python -m speclab.training.fault_matrix [--steps 24] [--seeds 3] [--out DIR] [--world-size 2 --fault-rank 1]
 
 For each (kind, step) it runs one supervised training (child processes, restarts,
 rollbacks, as a real run has them) and compares it with an uninterrupted run of the same
 config: the final weights' sha256 and the per-step losses (bitwise for hardware faults;
 spike and nan_loss runs skip data, so they differ by design and count as recovered when they
 complete). It also counts the watchdog's false trips over clean runs of several seeds.
+With `--world-size 2` every run trains on two processes and each fault fires on one rank.
 
 The data is synthetic (random token sequences through the tiny target, features cached
 under the output directory), so the matrix needs no data generation and runs in minutes.
@@ -35,6 +36,7 @@ from speclab.speculator.digest import weights_sha256
 from .checkpoint import CheckpointConfig, CheckpointStore
 from .features import FeatureDataset, assistant_token_counts, build_feature_store
 from .stages import stage_configs, stage_data
+from .ranks import configured_world_size
 from .supervisor import CHECKPOINTS, Outcome, SupervisorConfig, supervise
 from .train import fit
 
@@ -85,7 +87,7 @@ def run_tiny(config: dict, run_dir: Path, cache_dir: Path) -> Outcome:
     """A supervised tiny run; the outcome's train block gains the final weights' sha256."""
     run_dir.mkdir(parents=True, exist_ok=True)
     outcome = supervise(tiny_attempt, (config, str(run_dir), str(cache_dir)), run_dir,
-                        SupervisorConfig(**config["training"]["supervisor"]))
+                        SupervisorConfig(**config["training"]["supervisor"]), configured_world_size(config["training"]))
     if outcome.status == "completed":
         final = CheckpointStore(run_dir / CHECKPOINTS, CheckpointConfig()).load_latest()
         outcome.train["final_weights_sha256"] = weights_sha256(final["model"])
@@ -96,10 +98,20 @@ COMMON = ["training.accumulate_grad_batches=2", "training.checkpoint_every_n_ste
           "training.checkpoint_anchor_every_n_steps=8"]
 
 
-def matrix(root: Path, steps: int, points: dict[str, list[tuple[int, int]]], seeds: int, clean_steps: int):
-    """Rows of the fault matrix, the false trips per clean seed, and the clean run."""
+def ranks_overrides(world_size: int, fault_rank: int) -> list[str]:
+    """A data-parallel group of `world_size` CPU processes, each fault firing on `fault_rank`."""
+    if world_size == 1:
+        return []
+    return ["training.strategy=ddp", f"training.devices={world_size}", f"faults.rank={fault_rank}",
+            "training.supervisor.collective_timeout_s=10"]
+
+
+def matrix(root: Path, steps: int, points: dict[str, list[tuple[int, int]]], seeds: int, clean_steps: int,
+           parallel: list[str] = ()):
+    """Rows of the fault matrix, the false trips per clean seed, and the clean run (each run
+    with the `parallel` overrides: ranks_overrides)."""
     cache = root / "cache"
-    common = [f"training.max_steps={steps}", *COMMON]
+    common = [f"training.max_steps={steps}", *COMMON, *parallel]
     clean = run_tiny(tiny_config(*common), root / "clean", cache)
     rows = []
     for kind, at in points.items():
@@ -121,7 +133,8 @@ def matrix(root: Path, steps: int, points: dict[str, list[tuple[int, int]]], see
                          "error": out.reason})
     false_trips = []
     for seed in range(seeds):
-        out = run_tiny(tiny_config(f"training.max_steps={clean_steps}", *COMMON, f"seed={seed}", f"data.seed={seed}"),
+        out = run_tiny(tiny_config(f"training.max_steps={clean_steps}", *COMMON, *parallel, f"seed={seed}",
+                                   f"data.seed={seed}"),
                        root / f"clean-seed{seed}", cache)
         false_trips.append(out.train["rollbacks"])
     return rows, false_trips, clean
@@ -134,19 +147,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clean-steps", type=int, default=100, help="optimiser steps of each false-trip run")
     parser.add_argument("--json", action="store_true", help="also print the rows as one JSON line")
     parser.add_argument("--out", type=Path, default=None, help="keep the runs here (default: a temp dir, removed)")
+    parser.add_argument("--world-size", type=int, default=1, help="ranks per run: >1 trains data-parallel (ddp, gloo)")
+    parser.add_argument("--fault-rank", type=int, default=1, help="with --world-size: the rank each fault fires on")
     args = parser.parse_args(argv)
     root = args.out or Path(tempfile.mkdtemp(prefix="fault-matrix-"))
     # step.micro: mid-epoch, right after the save at 8, inside gradient accumulation
     points = {k: [(6, 0), (9, 0), (14, 1)] for k in HARDWARE} | {k: [(13, 0), (18, 0)] for k in NUMERIC}
     try:
-        rows, false_trips, clean = matrix(root, args.steps, points, args.seeds, args.clean_steps)
+        rows, false_trips, clean = matrix(root, args.steps, points, args.seeds, args.clean_steps,
+                                          ranks_overrides(args.world_size, args.fault_rank))
     finally:
         if args.out is None:
             shutil.rmtree(root, ignore_errors=True)
     head = ("fault", "step.micro", "injected", "completed", "bitwise_equal", "restarts", "rollbacks", "steps_recomputed",
             "fault_to_resume_s", "wall_s")
     cfg = tiny_config()["training"]
-    print(f"tiny target, {args.steps} steps of 2 micro-batches, checkpoint every 4; budget: max_restarts="
+    where = f"{args.world_size} ranks, faults on rank {args.fault_rank}" if args.world_size > 1 else "one process"
+    print(f"tiny target, {where}, {args.steps} steps of 2 micro-batches, checkpoint every 4; budget: max_restarts="
           f"{cfg['supervisor']['max_restarts']}, max_rollbacks={cfg['watchdog']['max_rollbacks']}; "
           f"clean run {clean.train['wall_s']:.1f}s")
     print("  ".join(f"{h:>16}" for h in head))

@@ -28,6 +28,7 @@ from typing import Literal
 
 from lightning.pytorch.callbacks import Callback
 
+from . import ranks
 from .checkpoint import MARKER, complete_steps, step_dir_name, write_json_atomic
 
 FaultKind = Literal["none", "exception", "sigkill", "hang", "nan_loss", "spike", "corrupt_checkpoint"]
@@ -44,6 +45,8 @@ class FaultConfig:
     """The optimiser step (1-based) during which it fires."""
     at_micro_batch: int = 0
     """Which micro-batch of that step (0: the first; > 0: inside gradient accumulation)."""
+    rank: int = 0
+    """Data-parallel runs: the rank (process) the fault fires on; the others run clean."""
     repeat: Literal["once", "every_attempt"] = "once"
     """once: fires once per run | every_attempt: again after each restart or rollback (permanent)."""
     spike_factor: float = 10.0
@@ -70,12 +73,13 @@ class FaultInjector(Callback):
     def begin_segment(self, loop) -> None:
         """Called before each fit (a fresh attempt or after a rollback)."""
         self.loop = loop
-        self.armed = self.cfg.kind != "none" and (self.cfg.repeat == "every_attempt" or not fired(self.run_dir))
+        self.armed = (self.cfg.kind != "none" and ranks.rank() == self.cfg.rank
+                      and (self.cfg.repeat == "every_attempt" or not fired(self.run_dir)))
         self._firing = False
 
     def _record(self) -> None:
         record = {"kind": self.cfg.kind, "step": self.loop.step + 1, "micro_batch": self.cfg.at_micro_batch,
-                  "time": time.time(), "pid": os.getpid()}
+                  "rank": ranks.rank(), "time": time.time(), "pid": os.getpid()}
         write_json_atomic(self.run_dir / FAULTS_FILE, fired(self.run_dir) + [record])
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx):

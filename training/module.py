@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from speclab.speculator.base import Objective, Speculator
 from speclab.speculator.target import FrozenTarget
 
+from . import ranks
 from .features import to_features
 
 
@@ -59,11 +60,25 @@ class SpeculatorModule(L.LightningModule):
         loss = loss.float()
         if self.loss_fault is not None:
             loss = self.loss_fault(loss)
-        self.last_loss = loss.detach()
-        self.log("train/loss", loss, prog_bar=True)
+        loss, self.last_loss = self._global(loss, feats.loss_mask.sum().float())
+        self.log("train/loss", self.last_loss, prog_bar=True)
         self.log_dict({f"train/{k}": v for k, v in metrics.items()})
         self.log("train/tokens", float(feats.loss_mask.sum()), reduce_fx="sum")
         return loss
+
+    @staticmethod
+    def _global(loss: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the loss to differentiate, the micro-batch's loss over every rank).
+
+        A rank's loss is a mean over its own tokens, and DDP averages the ranks' gradients.
+        Weighting rank r's loss by world * tokens_r / tokens_all makes that average the
+        gradient of the token mean over the whole global batch, which is what one process
+        with the whole batch differentiates (exactly for a loss that is one token mean;
+        families that average per-position means match to the spread of those counts)."""
+        if not ranks.active():
+            return loss, loss.detach()
+        total = ranks.all_sum(tokens)
+        return loss * (tokens * ranks.world_size() / total), ranks.all_sum(loss.detach() * tokens) / total
 
     def configure_optimizers(self):
         opt = self.make_optimizer(self.speculator.parameters())

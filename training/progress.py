@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from . import ranks
 from .checkpoint import CheckpointStore
 from .sampler import DataPosition
 from .watchdog import Watchdog
@@ -104,9 +105,9 @@ class Progress(Callback):
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         s = self.state
-        self._micro.append(float(module.last_loss))
-        s.tokens += int(batch["loss_mask"].sum())
-        ids = batch["sample_ids"].cpu()  # Lightning moved the batch to the device
+        self._micro.append(float(module.last_loss))  # every rank's tokens (module.py)
+        s.tokens += int(ranks.all_sum(batch["loss_mask"].sum()))
+        ids = ranks.gather_ids(batch["sample_ids"].cpu())  # Lightning moved the batch to the device
         s.consumed[ids] += 1
         s.order_digest = hashlib.sha256(s.order_digest.encode() + ids.numpy().astype(np.int64).tobytes()).hexdigest()
         s.position.epoch, s.position.cursor = batch["position"]
@@ -122,8 +123,13 @@ class Progress(Callback):
             self.save(trainer, module)
 
     def save(self, trainer, module) -> None:
+        """Rank 0 writes (every rank holds the same weights and optimizer state); the others
+        wait until the checkpoint is complete, so none can read a step that is not there."""
         self.state.detector = self.watchdog.detector.state_dict()
-        states = {"model": module.speculator.state_dict(), "optimizer": trainer.optimizers[0].state_dict(),
-                  "scheduler": trainer.lr_scheduler_configs[0].scheduler.state_dict(),
-                  "loop": {**self.state.state_dict(), "ledger": self.watchdog.ledger.to_json()}, "rng": rng_state()}
-        self.store.save(self.state.step, states, self.config)
+        if ranks.is_writer():
+            states = {"model": module.speculator.state_dict(), "optimizer": trainer.optimizers[0].state_dict(),
+                      "scheduler": trainer.lr_scheduler_configs[0].scheduler.state_dict(),
+                      "loop": {**self.state.state_dict(), "ledger": self.watchdog.ledger.to_json(),
+                               "world_size": ranks.world_size()}, "rng": rng_state()}
+            self.store.save(self.state.step, states, self.config)
+        ranks.barrier()

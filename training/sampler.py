@@ -12,7 +12,9 @@ after the batch into the batch, and the training loop records what it actually t
 on: that, not the sampler, is what a checkpoint stores.
 
 Under DDP every rank walks the same permutation; a global batch is `batch_size *
-world_size` positions and rank r takes its r-th slice.
+world_size` positions and rank r takes its r-th contiguous share, so the ranks' shares in
+rank order are the batch one process with `batch_size * world_size` would take. An epoch's
+last positions, when fewer than the ranks, are consumed untrained (each rank needs a sample).
 """
 
 from __future__ import annotations
@@ -80,9 +82,17 @@ class ResumableBatchSampler:
         for lo in range(0, len(positions), step):
             group = positions[lo : lo + step]  # one global batch
             end = group[-1] + 1 if lo + step < len(positions) else self.n  # skipped tail counts as consumed
-            mine = group[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
-            yield [Ref(order[p], epoch, end) for p in mine]
+            if len(group) < self.world_size:  # an epoch's tail too short to give every rank a sample
+                break
+            yield [Ref(order[p], epoch, end) for p in self._share(group)]
         self.epoch, self.cursor = epoch + 1, 0  # the next iter() is the next epoch
+
+    def _share(self, group: list[int]) -> list[int]:
+        """This rank's contiguous share of a global batch: batch_size each when the batch is
+        full; a short last batch is split as evenly as it goes, the first ranks one more."""
+        base, extra = divmod(len(group), self.world_size)
+        lo = self.rank * base + min(self.rank, extra)
+        return group[lo : lo + base + (self.rank < extra)]
 
     def batches_per_epoch(self) -> int:
         """Optimiser micro-batches in a full epoch without skips (for the step budget)."""

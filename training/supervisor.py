@@ -33,6 +33,7 @@ import logging
 import multiprocessing as mp
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -43,6 +44,7 @@ from typing import Callable, Literal
 
 import torch
 
+from . import ranks
 from .checkpoint import CheckpointWriteError, complete_steps, write_json_atomic
 from .faults import SimulatedDeviceError, fired
 from .watchdog import WATCHDOG_FILE
@@ -52,6 +54,7 @@ log = logging.getLogger(__name__)
 HEARTBEAT_FILE = "heartbeat.json"
 SUPERVISOR_FILE = "supervisor.json"
 ATTEMPT_FILE = "attempt-{}.json"
+RANK_ATTEMPT_FILE = "attempt-{}-rank-{}.json"  # ranks other than 0 of a data-parallel attempt
 CHECKPOINTS = "checkpoints"
 EXIT_RETRYABLE, EXIT_FATAL = 75, 76
 
@@ -74,6 +77,9 @@ class SupervisorConfig:
     """Time allowed from a child's start to its first training step (loading, features)."""
     poll_s: float = 0.2
     """How often the parent looks at the child."""
+    collective_timeout_s: float = 120.0
+    """Data-parallel runs: a rank waiting this long in a collective (a peer hung or died)
+    fails the attempt, which is retried."""
 
 
 @dataclass
@@ -138,10 +144,13 @@ def _exit_with(parent_pid: int) -> None:
     threading.Thread(target=watch, daemon=True, name="exit-with-supervisor").start()
 
 
-def _child_main(attempt: Callable[..., dict], args: tuple, run_dir: str, number: int, parent_pid: int) -> None:
+def _child_main(attempt: Callable[..., dict], args: tuple, run_dir: str, number: int, parent_pid: int,
+                env: dict[str, str]) -> None:
     _exit_with(parent_pid)
-    Heartbeat(Path(run_dir))(-1, "setup")
-    report = Path(run_dir) / ATTEMPT_FILE.format(number)
+    os.environ.update(env)  # this rank's place in a data-parallel group (ranks.py); empty for one process
+    if ranks.is_writer():
+        Heartbeat(Path(run_dir))(-1, "setup")
+    report = Path(run_dir) / _report_name(number, ranks.rank())
     try:
         train = attempt(*args)
     except BaseException as exc:  # report, then leave without running the interpreter's teardown
@@ -150,6 +159,10 @@ def _child_main(attempt: Callable[..., dict], args: tuple, run_dir: str, number:
         write_json_atomic(report, {"status": "error", "retryable": retryable, "error": _one_line(exc)})
         os._exit(EXIT_RETRYABLE if retryable else EXIT_FATAL)
     write_json_atomic(report, {"status": "completed", "train": train})
+
+
+def _report_name(number: int, rank: int) -> str:
+    return ATTEMPT_FILE.format(number) if rank == 0 else RANK_ATTEMPT_FILE.format(number, rank)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -193,33 +206,91 @@ def _read_json(path: Path) -> dict | None:
         return None
 
 
-def run_attempt(attempt: Callable[..., dict], args: tuple, run_dir: Path, number: int, cfg: SupervisorConfig) -> dict:
-    """Start one child and watch it to its end; returns the attempt's record."""
+def run_attempt(attempt: Callable[..., dict], args: tuple, run_dir: Path, number: int, cfg: SupervisorConfig,
+                world_size: int = 1) -> dict:
+    """Start one child per rank and watch them to their end; returns the attempt's record.
+    A data-parallel group lives and dies together (`_group_cause`)."""
     (run_dir / HEARTBEAT_FILE).unlink(missing_ok=True)
     record = {"attempt": number, "start_time": time.time(), "resumed_from": None, "first_step_time": None,
-              "last_step": None, "newest_checkpoint_before": _newest(run_dir)}
+              "last_step": None, "newest_checkpoint_before": _newest(run_dir), "world_size": world_size}
     ctx = _context(attempt.__module__)
-    proc = ctx.Process(target=_child_main, args=(attempt, args, str(run_dir), number, os.getpid()))
+    port = _free_port() if world_size > 1 else 0
+    procs = [ctx.Process(target=_child_main, args=(attempt, args, str(run_dir), number, os.getpid(),
+                                                   ranks.rank_env(r, world_size, port) if world_size > 1 else {}))
+             for r in range(world_size)]
     with _own_start_method(ctx):
-        proc.start()
-    started, hung = time.time(), None
+        for proc in procs:
+            proc.start()
+    started, hung, survivors = time.time(), None, []
     try:
-        while proc.is_alive() and not hung:
-            proc.join(cfg.poll_s)
+        while any(p.is_alive() for p in procs) and not hung and not any(p.exitcode for p in procs):
+            procs[0].join(cfg.poll_s)
             hb = _heartbeat(run_dir, record)
             alive_at = hb["time"] if hb is not None and hb["phase"] == "training" else None
             if alive_at is None and time.time() - started > cfg.startup_timeout_s:
                 hung = f"hang: no training step within startup_timeout_s={cfg.startup_timeout_s}s"
             elif alive_at is not None and time.time() - alive_at > cfg.heartbeat_timeout_s:
                 hung = f"hang: no heartbeat for {time.time() - alive_at:.1f}s (heartbeat_timeout_s={cfg.heartbeat_timeout_s})"
-    finally:  # a hang, or the supervisor itself interrupted: the child must not outlive this
-        if proc.is_alive():
-            proc.kill()
-        proc.join()
+        if not hung and len(procs) > 1:
+            survivors = _await_peers(procs, cfg.collective_timeout_s)
+    finally:  # a hang, a failed rank, or the supervisor itself interrupted: no child outlives this
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+        for proc in procs:
+            proc.join()
     _heartbeat(run_dir, record)
-    record.update(end_time=time.time(), exitcode=proc.exitcode, newest_checkpoint_after=_newest(run_dir))
-    record.update(_classify(proc.exitcode, _read_json(run_dir / ATTEMPT_FILE.format(number)), hung))
+    record.update(end_time=time.time(), newest_checkpoint_after=_newest(run_dir))
+    reports = [_read_json(run_dir / _report_name(number, r)) for r in range(len(procs))]
+    if len(procs) == 1:
+        record.update(exitcode=procs[0].exitcode, **_classify(procs[0].exitcode, reports[0], hung))
+    else:
+        record.update(_group_cause([p.exitcode for p in procs], reports, hung, survivors, cfg.collective_timeout_s))
     return record
+
+
+def _await_peers(procs: list, grace_s: float) -> list[int]:
+    """Once a rank has failed, give the others `grace_s` (the collective timeout: a live peer
+    fails its next collective by then) to end by themselves; the ranks still running after
+    it are returned (they hang), and killed by the caller."""
+    deadline = time.time() + grace_s
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.time()))
+    return [r for r, p in enumerate(procs) if p.is_alive()]
+
+
+def _group_cause(exitcodes: list[int | None], reports: list[dict | None], hung: str | None,
+                 survivors: list[int], grace_s: float) -> dict:
+    """A data-parallel attempt's outcome, with the reason of the rank that caused its end.
+
+    When one rank dies, its peers' collectives fail next ("connection closed by peer", a
+    timeout), so those errors are consequences: the cause is a rank that died by a signal
+    or reported a retryable error, else one still running after the others had failed (a
+    hang), else the first rank that reported a fatal error (every rank failing alike: a
+    retry would fail the same way)."""
+    if hung:
+        return {"status": "retryable", "reason": hung, "exitcode": exitcodes[0]}
+    if all(code == 0 for code in exitcodes):
+        return {"exitcode": 0, **_classify(0, reports[0], None)}
+    outcomes = {r: _classify(code, reports[r], None) for r, code in enumerate(exitcodes)
+                if code != 0 and r not in survivors}
+    retryable = [r for r, o in outcomes.items() if o["status"] == "retryable"]
+    if retryable:
+        cause, outcome = retryable[0], outcomes[retryable[0]]
+    elif survivors:
+        cause = survivors[0]
+        outcome = {"status": "retryable", "reason": f"hang: still running {grace_s:.0f}s after another rank failed"}
+    else:
+        cause = min(outcomes)
+        outcome = outcomes[cause]
+    return {**outcome, "reason": f"rank {cause}: {outcome['reason']}", "exitcode": exitcodes[cause]}
+
+
+def _free_port() -> int:
+    """A TCP port on the loopback that is free now, for the group's rendezvous."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def _heartbeat(run_dir: Path, record: dict) -> dict | None:
@@ -246,13 +317,15 @@ def _classify(exitcode: int | None, report: dict | None, hung: str | None) -> di
     return {"status": "retryable", "reason": f"exited with code {exitcode} without a report"}
 
 
-def supervise(attempt: Callable[..., dict], args: tuple, run_dir: Path, cfg: SupervisorConfig) -> Outcome:
-    """Run `attempt(*args)` in child processes until it completes or the policy gives up."""
+def supervise(attempt: Callable[..., dict], args: tuple, run_dir: Path, cfg: SupervisorConfig,
+              world_size: int = 1) -> Outcome:
+    """Run `attempt(*args)` in child processes (`world_size` ranks of a data-parallel group at
+    a time) until it completes or the policy gives up."""
     run_dir = Path(run_dir)
     attempts: list[dict] = []
     start, stalled = time.time(), 0
     while True:
-        record = run_attempt(attempt, args, run_dir, len(attempts), cfg)
+        record = run_attempt(attempt, args, run_dir, len(attempts), cfg, world_size)
         _fault_times(record, run_dir, attempts)
         attempts.append(record)
         write_json_atomic(run_dir / SUPERVISOR_FILE, {"config": asdict(cfg), "attempts": attempts})

@@ -44,6 +44,7 @@ from typing import Literal
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from . import ranks
 from .checkpoint import write_json_atomic
 
 WATCHDOG_FILE = "watchdog.json"  # the run's ledger, beside result.json
@@ -217,7 +218,8 @@ class Watchdog(Callback):
         return record
 
     def save_ledger(self) -> None:
-        write_json_atomic(self.ledger_path, self.ledger.to_json())
+        if ranks.is_writer():  # every rank holds the same ledger; rank 0 keeps the run's file
+            write_json_atomic(self.ledger_path, self.ledger.to_json())
 
 
 def _window(start: dict, end: dict) -> list[tuple[int, int, int]]:

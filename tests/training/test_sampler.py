@@ -1,5 +1,6 @@
 """The resumable data order: a resumed sampler continues exactly where training stopped."""
 
+import pytest
 import torch
 
 from speclab.training.features import collate
@@ -52,3 +53,17 @@ def test_loader_batches_carry_sample_ids_and_the_position_after_them():
     assert torch.cat([b["sample_ids"] for b in batches]).tolist() == epoch_order(7, 2, 0)
     assert [b["position"] for b in batches] == [(0, 3), (0, 6), (0, 7)]
     assert batches[0]["input_ids"][:, 0].tolist() == batches[0]["sample_ids"].tolist()
+
+
+@pytest.mark.parametrize("n, world", [(11, 2), (10, 2), (13, 3), (7, 4)])
+def test_ranks_shares_in_rank_order_are_the_one_process_batches(n, world):
+    """A global batch split across ranks is, rank by rank, the batch one process with
+    batch_size * world takes; no rank is ever handed an empty batch."""
+    ranks = [list(ResumableBatchSampler(n, 2, seed=5, start=DataPosition(), rank=r, world_size=world)) for r in range(world)]
+    single = list(ResumableBatchSampler(n, 2 * world, seed=5, start=DataPosition()))
+    assert len({len(r) for r in ranks}) == 1 and all(b for r in ranks for b in r)
+    merged = [sum(shares, []) for shares in zip(*[ids(r) for r in ranks])]
+    whole = ids(single)
+    if len(whole[-1]) < world:  # a tail shorter than the ranks is consumed untrained
+        whole = whole[:-1]
+    assert merged == whole
