@@ -60,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("checkpoint", type=Path, help="speculator checkpoint, run or export directory")
     ev.add_argument("--prompts", type=Path, help="JSONL prompts file (default: HumanEval)")
     ev.add_argument("--json", type=Path, dest="json_out", help="also write the report to this JSON file")
-    ev.add_argument("--k", type=int, default=4, help="draft tokens proposed per step")
+    ev.add_argument("--k", type=int, default=None,
+                    help="draft a chain of K tokens a step (default: the method the run or export was scored with)")
     ev.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt")
     ev.add_argument("--limit", type=int, help="score only the first N prompts")
     ev.add_argument("--peer", action="store_true",
@@ -145,10 +146,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from speclab.speculator.base import TargetInfo
 
     from .export_formats import load_checkpoint
+    from .rescore import eval_method
 
     with user_errors():  # everything a user can get wrong fails here, before minutes of scoring
         check_eval_args(args)
         checkpoint = find_speculator_checkpoint(args.checkpoint)
+        method = eval_method(args.checkpoint, checkpoint, args.k)
         target_spec = recorded_target(checkpoint, args.overrides)  # plain data, schema-checked
         target_config = target_spec.as_config()
         prompts = eval_prompts(args.prompts, args.limit)
@@ -157,11 +160,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         encoded = [encode_prompt(target.tokenizer, item, chat_template=args.chat_template).to(target.device)
                    for item in prompts]  # each [1, T]
     speculator = speculator.to(device=target.device, dtype=target.compute_dtype)
-    report = score(target, speculator, encoded, args.max_new_tokens, args.k, peer=args.peer)
-    print(eval_summary(report, checkpoint, target.name, len(prompts), args))
+    report = score(target, speculator, encoded, args.max_new_tokens, method.k, peer=args.peer, tree=method.tree)
+    print(eval_summary(report, checkpoint, target.name, len(prompts), args, method.describe()))
     if args.json_out:
         write_json_atomic(args.json_out, {
-            "checkpoint": str(checkpoint), "target_config": target_config, "k": args.k,
+            "checkpoint": str(checkpoint), "target_config": target_config, "k": method.k,
+            "method": method.as_json(),
             "max_new_tokens": args.max_new_tokens, "prompts": str(args.prompts or "humaneval"),
             "num_prompts": len(prompts), **report,
         })
@@ -186,12 +190,12 @@ def eval_prompts(path: Path | None, limit: int | None) -> list[dict]:
 
 
 def eval_summary(report: dict, checkpoint: Path, target_name: str, num_prompts: int,
-                 args: argparse.Namespace) -> str:
+                 args: argparse.Namespace, method: str) -> str:
     acc, thr = report.get("acceptance") or {}, report.get("throughput") or {}
     lossless = report.get("lossless") or {}
     return "\n".join([
-        f"checkpoint {checkpoint} on {target_name}: {num_prompts} prompts, k={args.k}, "
-        f"max_new_tokens={args.max_new_tokens}",
+        f"checkpoint {checkpoint} on {target_name}: {num_prompts} prompts, max_new_tokens={args.max_new_tokens}",
+        f"method: {method}",
         f"acceptance length {format_number(acc.get('mean_acceptance_length'))}, "
         f"rate {format_number(acc.get('acceptance_rate'))}, "
         f"per position {format_per_position(acc.get('per_position'))}",

@@ -112,15 +112,65 @@ def test_eval_applies_target_overrides(tmp_path, runs, prompts_file, monkeypatch
     seen = {}
     import speclab.eval.benchmark as benchmark
 
-    def fake_score(target, speculator, prompts, max_new_tokens, k, progress=True, peer=False):
+    def fake_score(target, speculator, prompts, max_new_tokens, k, progress=True, peer=False, tree=None):
         seen.update(target=target.name, prompts=len(prompts), k=k)
         return {"acceptance": {}, "throughput": {}, "lossless": {}, "per_prompt": []}
 
     monkeypatch.setattr(benchmark, "score", fake_score)
     assert main(["eval", str(runs / "good"), "--prompts", str(prompts_file)]) == 0
-    assert seen == {"target": "tiny-llama-seed0", "prompts": 3, "k": 4}  # recorded config, defaults
+    assert seen == {"target": "tiny-llama-seed0", "prompts": 3, "k": 2}  # recorded config and method (a chain of 2)
     assert main(["eval", str(runs / "good"), "--prompts", str(prompts_file), "target.seed=5", "--k", "3"]) == 0
     assert seen == {"target": "tiny-llama-seed5", "prompts": 3, "k": 3}
+
+
+@pytest.fixture
+def fake_score(monkeypatch):
+    import speclab.eval.benchmark as benchmark
+
+    calls = []
+
+    def score(target, speculator, prompts, max_new_tokens, k, progress=True, peer=False, tree=None):
+        calls.append((k, tree))
+        return {"acceptance": {}, "throughput": {}, "lossless": {}, "per_prompt": []}
+
+    monkeypatch.setattr(benchmark, "score", score)
+    return calls
+
+
+def _record_method(run_dir, chosen):
+    path = run_dir / "result.json"
+    result = json.loads(path.read_text())
+    result["method"] = {"chosen": chosen}
+    path.write_text(json.dumps(result))
+    return path
+
+
+def test_eval_rescores_with_the_method_the_run_was_scored_with(runs, prompts_file, fake_score, capsys):
+    from speclab.eval.tree import TreeConfig
+
+    path = _record_method(runs / "good", {"kind": "tree", "shape": "union", "depth": 8, "top_k": 4, "budget": 10})
+    assert main(["eval", str(runs / "good"), "--prompts", str(prompts_file)]) == 0
+    assert fake_score[-1] == (8, TreeConfig("union", 8, 4, 10))
+    assert f"method: tree union depth 8 top_k 4 budget 10 (as scored: {path})" in capsys.readouterr().out
+    assert main(["eval", str(runs / "good"), "--prompts", str(prompts_file), "--k", "3"]) == 0
+    assert fake_score[-1] == (3, None) and "method: chain k=3 (--k)" in capsys.readouterr().out
+
+
+def test_an_exports_recorded_method_is_the_one_its_result_json_names(tmp_path, runs, prompts_file, fake_score, capsys):
+    _record_method(runs / "good", {"kind": "chain", "k": 6})
+    out = tmp_path / "best"
+    assert main(["export", "--best", "--out", str(out), "--runs", str(runs)]) == 0
+    assert main(["eval", str(out), "--prompts", str(prompts_file)]) == 0
+    assert fake_score[-1] == (6, None) and f"(as scored: {out / 'result.json'})" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("chosen", [{"kind": "tree", "shape": "union", "depth": "8", "top_k": 4, "budget": 10},
+                                    {"kind": "tree", "shape": "spiral", "depth": 8, "top_k": 4, "budget": 10},
+                                    {"kind": "tree", "depth": 8}, {"kind": "chain", "k": -1}])
+def test_a_malformed_recorded_method_is_refused_in_one_line(runs, prompts_file, fake_score, capsys, chosen):
+    _record_method(runs / "good", chosen)
+    assert main(["eval", str(runs / "good"), "--prompts", str(prompts_file)]) == 2
+    assert "its recorded method is malformed" in _one_error_line(capsys) and not fake_score
 
 
 @pytest.mark.parametrize("target_config, message", [
