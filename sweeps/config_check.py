@@ -9,10 +9,13 @@ source without that field), and `null` passes where the key's default is null.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 from omegaconf import DictConfig, OmegaConf
+
+from speclab.speculator.families import REGISTRY, build_config, check_renamed
 
 
 class ConfigRangeError(ValueError):
@@ -104,6 +107,7 @@ RULES = [
 
 def check_config(cfg: DictConfig) -> None:
     """Raise ConfigRangeError for the first value outside its range (before anything is built)."""
+    check_speculator(cfg)
     for rule in RULES:
         value = OmegaConf.select(cfg, rule.key, default=None)
         if value is not None and not rule.ok(value):
@@ -113,3 +117,47 @@ def check_config(cfg: DictConfig) -> None:
     if window is not None and min_window is not None and min_window > window:
         raise ConfigRangeError(f"invalid config: training.watchdog.min_window={min_window} exceeds "
                                f"training.watchdog.window={window}; valid: 1 <= min_window <= window")
+
+
+def check_speculator(cfg: DictConfig) -> None:
+    """The speculator's options, as its family's dataclass takes them: a misspelt option (one
+    added with `+`, which Hydra lets through) or a renamed one fails here, before the data build."""
+    spec = OmegaConf.select(cfg, "speculator", default=None)
+    if spec is None:
+        return
+    params = OmegaConf.to_container(spec, resolve=True)
+    try:
+        build_config(params.pop("family"), params)
+    except (TypeError, ValueError) as exc:
+        raise ConfigRangeError(f"invalid config: {exc}") from None
+
+
+def check_overrides(overrides: list[str]) -> None:
+    """Refuse a renamed or misspelt speculator option given on the command line, naming the
+    new name or the valid ones.
+
+    Hydra would refuse it too (the key is not in the family's schema) but without naming
+    them; the family is read from `speculator=` (several for a multirun), `mlp` by default
+    as in configs/config.yaml. A family a sweep file picks is checked by `check_speculator`.
+    """
+    def families(choice_key: str, default: list[str]) -> list[str]:
+        values = [a.split("=", 1)[1] for a in overrides if a.lstrip("+").startswith(choice_key + "=")]
+        return values[-1].split(",") if values else default
+
+    parts = {"speculator": families("speculator", ["mlp"]),
+             "speculator.learned": families("speculator@speculator.learned", ["mlp"])}
+    for arg in overrides:
+        key, sep, value = arg.lstrip("+~").partition("=")
+        where, _, option = key.rpartition(".")
+        if not sep or where not in parts:
+            continue
+        for family in parts[where]:  # a renamed key first: its message is the more useful
+            try:
+                check_renamed(family, {option: value}, where)
+            except ValueError as exc:
+                raise ConfigRangeError(f"invalid config: {exc}") from None
+        for family in parts[where]:
+            names = {f.name for f in dataclasses.fields(REGISTRY[family].Config)} if family in REGISTRY else None
+            if names is not None and option not in names | {"family"}:
+                raise ConfigRangeError(f"invalid config: unknown {family} speculator option {where}.{option}; "
+                                       f"valid: {sorted(names)}")
