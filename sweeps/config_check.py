@@ -9,13 +9,13 @@ source without that field), and `null` passes where the key's default is null.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
 from omegaconf import DictConfig, OmegaConf
 
-from speclab.speculator.families import REGISTRY, build_config, check_renamed
+from speclab.configs.schemas import FAMILIES, SOURCES, source_fields
+from speclab.speculator.renamed import check_renamed
 
 
 class ConfigRangeError(ValueError):
@@ -119,17 +119,33 @@ def check_config(cfg: DictConfig) -> None:
                                f"training.watchdog.window={window}; valid: 1 <= min_window <= window")
 
 
+def option_names(family: str) -> set[str] | None:
+    """The options a family's dataclass declares (read from its source: nothing heavy loads)."""
+    if (FAMILIES, family) not in SOURCES:
+        return None
+    return {name for name, _, _ in source_fields(*SOURCES[FAMILIES, family])}
+
+
 def check_speculator(cfg: DictConfig) -> None:
-    """The speculator's options, as its family's dataclass takes them: a misspelt option (one
-    added with `+`, which Hydra lets through) or a renamed one fails here, before the data build."""
+    """The speculator's options, as its family's dataclass names them: a misspelt option (one
+    added with `+`, which Hydra lets through) or a renamed one fails here, before the data
+    build. Values are checked when the dataclass is built."""
     spec = OmegaConf.select(cfg, "speculator", default=None)
     if spec is None:
         return
-    params = OmegaConf.to_container(spec, resolve=True)
-    try:
-        build_config(params.pop("family"), params)
-    except (TypeError, ValueError) as exc:
-        raise ConfigRangeError(f"invalid config: {exc}") from None
+    parts = [("speculator", OmegaConf.to_container(spec, resolve=True))]
+    if isinstance(parts[0][1].get("learned"), dict):  # a hybrid's learned part
+        parts.append(("speculator.learned", parts[0][1]["learned"]))
+    for where, params in parts:
+        family, names = params.get("family"), option_names(params.get("family"))
+        try:
+            check_renamed(family, params, where)
+        except ValueError as exc:
+            raise ConfigRangeError(f"invalid config: {exc}") from None
+        unknown = sorted(set(params) - (names or set()) - {"family"}) if names is not None else []
+        if unknown:
+            raise ConfigRangeError(f"invalid config: unknown {family} speculator option(s) "
+                                   f"{[f'{where}.{k}' for k in unknown]}; valid: {sorted(names)}")
 
 
 def check_overrides(overrides: list[str]) -> None:
@@ -157,7 +173,7 @@ def check_overrides(overrides: list[str]) -> None:
             except ValueError as exc:
                 raise ConfigRangeError(f"invalid config: {exc}") from None
         for family in parts[where]:
-            names = {f.name for f in dataclasses.fields(REGISTRY[family].Config)} if family in REGISTRY else None
+            names = option_names(family)
             if names is not None and option not in names | {"family"}:
                 raise ConfigRangeError(f"invalid config: unknown {family} speculator option {where}.{option}; "
                                        f"valid: {sorted(names)}")

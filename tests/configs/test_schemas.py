@@ -17,7 +17,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.utils import get_method
 from omegaconf import OmegaConf
 
-from speclab.configs.schemas import SECTIONS
+from speclab.configs.schemas import FAMILIES, SOURCES, source_fields
 from speclab.eval.method import MethodConfig
 from speclab.speculator.families import REGISTRY
 from speclab.training.checkpoint import CheckpointConfig
@@ -108,10 +108,23 @@ def test_a_family_composes_to_its_dataclass_defaults(family):
 
 def test_sections_compose_to_their_dataclass_defaults():
     cfg = _compose(["target=tiny"])
-    for (group, name), cls in SECTIONS.items():
-        node = {"watchdog": cfg.training.watchdog, "supervisor": cfg.training.supervisor,
-                "method": cfg.eval.method, "fault": cfg.faults}[name]
-        assert OmegaConf.to_container(node) == dataclass_defaults(cls), (group, name)
+    sections = {"watchdog": (cfg.training.watchdog, WatchdogConfig), "supervisor": (cfg.training.supervisor, SupervisorConfig),
+                "method": (cfg.eval.method, MethodConfig), "fault": (cfg.faults, FaultConfig)}
+    assert {name for group, name in SOURCES if group != FAMILIES} == set(sections)
+    for node, cls in sections.values():
+        assert OmegaConf.to_container(node) == dataclass_defaults(cls), cls.__name__
+
+
+def test_the_schemas_read_from_source_are_the_live_dataclasses():
+    assert {name for group, name in SOURCES if group == FAMILIES} == set(REGISTRY)
+    for (group, name), (module, cls_name) in SOURCES.items():
+        live = getattr(__import__(module, fromlist=[cls_name]), cls_name)
+        if group == FAMILIES:
+            assert live is REGISTRY[name].Config
+        fields = source_fields(module, cls_name)
+        assert [f[0] for f in fields] == [f.name for f in dataclasses.fields(live)], cls_name
+        read = {n: d.default if d.default is not dataclasses.MISSING else d.default_factory() for n, _, d in fields}
+        assert read == dataclass_defaults(live), cls_name
 
 
 def test_a_value_of_the_wrong_type_is_refused_at_composition():

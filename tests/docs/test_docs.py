@@ -176,7 +176,7 @@ def test_example_config_yaml_matches_its_dataclass(example, registered):
     # the file names the family's schema and repeats none of its defaults; composed, it is the dataclass
     assert config.pop("defaults") == [{"/schema/speculator@_here_": "bigram"}, "_self_"]
     fields = {f.name: f.default for f in dataclasses.fields(example.BigramConfig)}
-    assert family_config("bigram", config) == {"family": "bigram", **fields}
+    assert family_config(example.BigramConfig, "bigram", config) == {"family": "bigram", **fields}
 
 
 def test_example_training_forward_equals_inference_and_it_trains(registered, tiny):
