@@ -17,6 +17,7 @@ from typing import Any
 from safetensors.torch import load_model
 
 from .base import Speculator, TargetInfo, target_device
+from .renamed import check_renamed
 from .draft_lm import DraftLM
 from .eagle import EagleSpeculator
 from .eagle3 import Eagle3Speculator
@@ -42,6 +43,7 @@ def speculator_class(family: str) -> type[Speculator]:
 
 def build_config(family: str, params: dict) -> Any:
     cls = speculator_class(family)
+    check_renamed(family, params)
     names = {f.name for f in dataclasses.fields(cls.Config)}
     unknown = sorted(set(params) - names)
     if unknown:

@@ -34,8 +34,11 @@ from .suffix import SuffixSpeculator
 class HybridConfig:
     learned: dict = field(default_factory=lambda: {"family": "mlp"})
     """The learned family and its options: {family: <name>, <option>: <value>, ...}."""
-    suffix: dict = field(default_factory=dict)
-    """Options of the suffix drafter (speculator/suffix.py); {}: its defaults."""
+    suffix: dict = field(default_factory=lambda: {"corpus_tokens": 300_000})
+    """Options of the suffix drafter (speculator/suffix.py; the keys not given: its defaults).
+    Its corpus: the target's answers in the run's training data (what a serving engine's
+    earlier requests give its global tree), built in seconds from the data the learned part
+    trains on; capped at 300k tokens (a Python trie of ~1.06M nodes, 268 MB, per 100k tokens)."""
     min_match: int = 4
     """The rule: a step drafts with suffix when its match at the pending token is this long."""
     learned_k: int = 2

@@ -26,7 +26,7 @@ from .layers import HeadsOnLastHidden, FrozenTargetTensor, LastHidden, OutputHea
 
 @dataclass
 class HydraConfig:
-    num_heads: int = 4
+    n_predict: int = 4
     """Heads K = the longest draft chain."""
     hidden_size: int = 576
     """Width D of each head (its input projection maps (i + 2) x the target's hidden to it)."""
@@ -34,8 +34,9 @@ class HydraConfig:
     """Residual blocks per head after its input projection (depth)."""
     output: Literal["per_head", "shared"] = "per_head"
     """Each head its own output layer, or one tied across heads."""
-    draft_vocab_size: int = 0
-    """Draft only the N most frequent assistant tokens of the training data (0: all)."""
+    draft_vocab_size: int = 8192
+    """Draft only the N most frequent assistant tokens of the training data (0: all; 8192 of
+    SmolLM2's 49,152 keeps its output layer a sixth of the full one, docs/design.md)."""
 
 
 class HydraSpeculator(HeadsOnLastHidden, Speculator):
@@ -50,9 +51,9 @@ class HydraSpeculator(HeadsOnLastHidden, Speculator):
         self.embed = FrozenTargetTensor(target.embed_weight, "input embedding", self.family)
         self.heads = nn.ModuleList(
             nn.Sequential(nn.Linear((i + 2) * H, d), *(ResBlock(d) for _ in range(config.num_blocks)))
-            for i in range(config.num_heads)
+            for i in range(config.n_predict)
         )
-        self.out = OutputHeads(config.num_heads, d, self.vocab.size, config.output)
+        self.out = OutputHeads(config.n_predict, d, self.vocab.size, config.output)
 
     def _head(self, i: int, h: torch.Tensor, embeds: list[torch.Tensor]) -> torch.Tensor:
         return self.heads[i](torch.cat([h, *embeds], -1))
@@ -61,8 +62,8 @@ class HydraSpeculator(HeadsOnLastHidden, Speculator):
         ids, h = feats.input_ids, feats.hidden.to(compute_dtype(self))
         B, T = ids.shape
         e = F.embedding(ids, self.embed.weight)  # [B, T, H]
-        out = h.new_zeros(B, self.config.num_heads, T, self.config.hidden_size)
-        for i in range(min(self.config.num_heads, T - 1)):
+        out = h.new_zeros(B, self.config.n_predict, T, self.config.hidden_size)
+        for i in range(min(self.config.n_predict, T - 1)):
             span = T - 1 - i  # head i at position t reads x_{t+1}..x_{t+1+i}: t < T - 1 - i
             out[:, i, :span] = self._head(i, h[:, :span], [e[:, 1 + j : 1 + j + span] for j in range(i + 1)])
         return out
@@ -70,11 +71,11 @@ class HydraSpeculator(HeadsOnLastHidden, Speculator):
     # --- inference ----------------------------------------------------------------
 
     def max_draft_len(self) -> int:
-        return self.config.num_heads
+        return self.config.n_predict
 
     @torch.no_grad()
     def propose(self, state: LastHidden, pending: torch.Tensor, k: int):
-        assert k <= self.config.num_heads, f"hydra drafts at most {self.config.num_heads} tokens"
+        assert k <= self.config.n_predict, f"hydra drafts at most {self.config.n_predict} tokens"
         h, embeds = state.hidden.to(compute_dtype(self)), []
 
         def step(i: int, token: torch.Tensor) -> torch.Tensor:
@@ -86,7 +87,7 @@ class HydraSpeculator(HeadsOnLastHidden, Speculator):
     @torch.no_grad()
     def extend(self, state: LastHidden, pending: torch.Tensor, paths: torch.Tensor) -> torch.Tensor:
         M, d = paths.shape
-        assert d < self.config.num_heads, f"hydra has {self.config.num_heads} heads; no head for depth {d + 1}"
+        assert d < self.config.n_predict, f"hydra has {self.config.n_predict} heads; no head for depth {d + 1}"
         seq = torch.cat([pending.expand(M, 1), paths], 1)  # [M, d + 1]
         embeds = list(F.embedding(seq, self.embed.weight).unbind(1))  # d + 1 x [M, H]
         return self.draft_head(d, self._head(d, state.hidden.to(compute_dtype(self)).expand(M, -1), embeds))  # [M, N]

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch import nn
@@ -31,11 +30,12 @@ class LSTMConfig:
     """Stages = the longest draft chain."""
     inner_dim: int = 256
     """Width D of the state and the cell."""
-    tie_weights: Literal["shared", "per_stage"] = "shared"
-    """One embedding, gate map, norm and head for all stages (the first stage's input map
-    always reads the target's width), or one set per stage."""
-    draft_vocab_size: int = 0
-    """Draft only the N most frequent assistant tokens of the training data (0: all)."""
+    tie_weights: bool = True
+    """Share embedding, gate map, norm and head across stages (the first stage's input map
+    always reads the target's width); false: one set per stage (as mlp's `tie_weights`)."""
+    draft_vocab_size: int = 8192
+    """Draft only the N most frequent assistant tokens of the training data (0: all; 8192 of
+    SmolLM2's 49,152 keeps its output layer a sixth of the full one, docs/design.md)."""
 
 
 class LSTMSpeculator(HeadsOnLastHidden, Speculator):
@@ -46,7 +46,7 @@ class LSTMSpeculator(HeadsOnLastHidden, Speculator):
     def __init__(self, config: LSTMConfig, target: TargetInfo):
         super().__init__(config, target)
         n, d, H = config.n_predict, config.inner_dim, target.hidden_size
-        shared = 1 if config.tie_weights == "shared" else n
+        shared = 1 if config.tie_weights else n
         self.emb = nn.ModuleList(nn.Embedding(target.vocab_size, d) for _ in range(shared))
         self.token_gates = nn.ModuleList(nn.Linear(d, 4 * d, bias=False) for _ in range(shared))
         later = [nn.Linear(d, 4 * d) for _ in range(1 if shared == 1 else n - 1)]

@@ -24,7 +24,7 @@ from .layers import HeadsOnLastHidden, LastHidden, OutputHeads, ResBlock, comput
 
 @dataclass
 class MedusaConfig:
-    num_heads: int = 4
+    n_predict: int = 4
     """Heads K = the longest draft chain; head i guesses the (i+1)-th token after the pending one."""
     num_blocks: int = 1
     """Residual blocks per head (depth)."""
@@ -34,8 +34,9 @@ class MedusaConfig:
     """Each head its own output layer, or one tied across heads."""
     output_init: Literal["target_head", "random"] = "target_head"
     """Start output layers as the target's LM head rows (Medusa's init; needs width = target's)."""
-    draft_vocab_size: int = 0
-    """Draft only the N most frequent assistant tokens of the training data (0: all)."""
+    draft_vocab_size: int = 8192
+    """Draft only the N most frequent assistant tokens of the training data (0: all; 8192 of
+    SmolLM2's 49,152 keeps its output layer a sixth of the full one, docs/design.md)."""
 
 
 class MedusaSpeculator(HeadsOnLastHidden, Speculator):
@@ -49,9 +50,9 @@ class MedusaSpeculator(HeadsOnLastHidden, Speculator):
         d = config.hidden_size or H
         self.heads = nn.ModuleList(
             nn.Sequential(maybe_proj(H, d), *(ResBlock(d) for _ in range(config.num_blocks)))
-            for _ in range(config.num_heads)
+            for _ in range(config.n_predict)
         )
-        self.out = OutputHeads(config.num_heads, d, self.vocab.size, config.output)
+        self.out = OutputHeads(config.n_predict, d, self.vocab.size, config.output)
         if config.output_init == "target_head" and d == H and target.lm_head_weight is not None:
             with torch.no_grad():
                 for linear in self.out.linears:
@@ -64,11 +65,11 @@ class MedusaSpeculator(HeadsOnLastHidden, Speculator):
     # --- inference ----------------------------------------------------------------
 
     def max_draft_len(self) -> int:
-        return self.config.num_heads
+        return self.config.n_predict
 
     @torch.no_grad()
     def propose(self, state: LastHidden, pending: torch.Tensor, k: int):
-        assert k <= self.config.num_heads, f"medusa drafts at most {self.config.num_heads} tokens"
+        assert k <= self.config.n_predict, f"medusa drafts at most {self.config.n_predict} tokens"
         h = state.hidden.to(compute_dtype(self))  # [1, H]
         logits = torch.stack([self.draft_head(i, self.heads[i](h)) for i in range(k)], 1)  # [1, k, N]
         return self.vocab.to_target(logits.argmax(-1)), logits  # [1, k], [1, k, N]
@@ -76,7 +77,7 @@ class MedusaSpeculator(HeadsOnLastHidden, Speculator):
     @torch.no_grad()
     def extend(self, state: LastHidden, pending: torch.Tensor, paths: torch.Tensor) -> torch.Tensor:
         d = paths.shape[1]
-        assert d < self.config.num_heads, f"medusa has {self.config.num_heads} heads; no head for depth {d + 1}"
+        assert d < self.config.n_predict, f"medusa has {self.config.n_predict} heads; no head for depth {d + 1}"
         logits = self.draft_head(d, self.heads[d](state.hidden.to(compute_dtype(self))))  # [1, N]: no head reads the path
         return logits.expand(paths.shape[0], -1)
 

@@ -24,6 +24,9 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from speclab.configs.schemas import family_config
+from speclab.speculator.families import speculator_class
+
 from .resume import check_run_dir_free, config_hash, find_completed
 from .table import BASELINE_FAMILIES as BASELINES
 
@@ -36,7 +39,9 @@ def baseline_config(sweep_config: DictConfig, family: str) -> DictConfig:
     plain = OmegaConf.to_container(sweep_config, resolve=False)
     plain.pop("hydra", None)
     path = resources.files("speclab.configs") / "speculator" / f"{family}.yaml"
-    plain["speculator"] = OmegaConf.to_container(OmegaConf.create(path.read_text()))
+    overrides = OmegaConf.to_container(OmegaConf.create(path.read_text()))
+    assert overrides.pop("defaults") == [{"/schema/speculator@_here_": family}, "_self_"], path  # the schema alone
+    plain["speculator"] = family_config(speculator_class(family).Config, family, overrides)
     cfg = OmegaConf.create(plain)
     cfg.run_name = f"{RUN_PREFIX}{family}"
     return cfg

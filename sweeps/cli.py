@@ -103,6 +103,13 @@ def _is_override(arg: str) -> bool:
 
 def run_train(hydra_args: list[str]) -> int:
     """Hand the arguments to the Hydra `train` entry, which reads them from sys.argv."""
+    from .config_check import ConfigRangeError, check_overrides  # loads the families (torch): train only
+
+    try:
+        check_overrides(hydra_args)  # a renamed key: one line naming the new one, not Hydra's "not in struct"
+    except ConfigRangeError as exc:
+        print(f"speclab train: {exc}", file=sys.stderr)
+        return 2
     train = importlib.import_module("speclab.sweeps.train")
     saved = sys.argv
     sys.argv = ["speclab-train", *hydra_args]

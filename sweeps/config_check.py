@@ -14,6 +14,9 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig, OmegaConf
 
+from speclab.configs.schemas import FAMILIES, SOURCES, source_fields
+from speclab.speculator.renamed import check_renamed
+
 
 class ConfigRangeError(ValueError):
     """A config value outside its valid range; the message is one line naming the key."""
@@ -104,6 +107,7 @@ RULES = [
 
 def check_config(cfg: DictConfig) -> None:
     """Raise ConfigRangeError for the first value outside its range (before anything is built)."""
+    check_speculator(cfg)
     for rule in RULES:
         value = OmegaConf.select(cfg, rule.key, default=None)
         if value is not None and not rule.ok(value):
@@ -113,3 +117,63 @@ def check_config(cfg: DictConfig) -> None:
     if window is not None and min_window is not None and min_window > window:
         raise ConfigRangeError(f"invalid config: training.watchdog.min_window={min_window} exceeds "
                                f"training.watchdog.window={window}; valid: 1 <= min_window <= window")
+
+
+def option_names(family: str) -> set[str] | None:
+    """The options a family's dataclass declares (read from its source: nothing heavy loads)."""
+    if (FAMILIES, family) not in SOURCES:
+        return None
+    return {name for name, _, _ in source_fields(*SOURCES[FAMILIES, family])}
+
+
+def check_speculator(cfg: DictConfig) -> None:
+    """The speculator's options, as its family's dataclass names them: a misspelt option (one
+    added with `+`, which Hydra lets through) or a renamed one fails here, before the data
+    build. Values are checked when the dataclass is built."""
+    spec = OmegaConf.select(cfg, "speculator", default=None)
+    if spec is None:
+        return
+    parts = [("speculator", OmegaConf.to_container(spec, resolve=True))]
+    if isinstance(parts[0][1].get("learned"), dict):  # a hybrid's learned part
+        parts.append(("speculator.learned", parts[0][1]["learned"]))
+    for where, params in parts:
+        family, names = params.get("family"), option_names(params.get("family"))
+        try:
+            check_renamed(family, params, where)
+        except ValueError as exc:
+            raise ConfigRangeError(f"invalid config: {exc}") from None
+        unknown = sorted(set(params) - (names or set()) - {"family"}) if names is not None else []
+        if unknown:
+            raise ConfigRangeError(f"invalid config: unknown {family} speculator option(s) "
+                                   f"{[f'{where}.{k}' for k in unknown]}; valid: {sorted(names)}")
+
+
+def check_overrides(overrides: list[str]) -> None:
+    """Refuse a renamed or misspelt speculator option given on the command line, naming the
+    new name or the valid ones.
+
+    Hydra would refuse it too (the key is not in the family's schema) but without naming
+    them; the family is read from `speculator=` (several for a multirun), `mlp` by default
+    as in configs/config.yaml. A family a sweep file picks is checked by `check_speculator`.
+    """
+    def families(choice_key: str, default: list[str]) -> list[str]:
+        values = [a.split("=", 1)[1] for a in overrides if a.lstrip("+").startswith(choice_key + "=")]
+        return values[-1].split(",") if values else default
+
+    parts = {"speculator": families("speculator", ["mlp"]),
+             "speculator.learned": families("speculator@speculator.learned", ["mlp"])}
+    for arg in overrides:
+        key, sep, value = arg.lstrip("+~").partition("=")
+        where, _, option = key.rpartition(".")
+        if not sep or where not in parts:
+            continue
+        for family in parts[where]:  # a renamed key first: its message is the more useful
+            try:
+                check_renamed(family, {option: value}, where)
+            except ValueError as exc:
+                raise ConfigRangeError(f"invalid config: {exc}") from None
+        for family in parts[where]:
+            names = option_names(family)
+            if names is not None and option not in names | {"family"}:
+                raise ConfigRangeError(f"invalid config: unknown {family} speculator option {where}.{option}; "
+                                       f"valid: {sorted(names)}")

@@ -189,7 +189,7 @@ def vllm_medusa(speculator: Speculator, ctx: ExportContext, out: Path) -> tuple[
         "model_type": "medusa",
         "hidden_size": target.hidden_size,
         "vocab_size": target.vocab_size,
-        "num_heads": c.num_heads,
+        "num_heads": c.n_predict,  # vLLM's Medusa name for the chain length
         "num_hidden_layers": c.num_blocks,
         "truncated_vocab_size": speculator.vocab.size,
         "medusa_fc_bias": True,  # speclab's residual blocks have a bias

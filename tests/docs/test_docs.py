@@ -166,13 +166,17 @@ def tiny():
     return tiny_llama()
 
 
-def test_example_config_yaml_matches_its_dataclass(example):
+def test_example_config_yaml_matches_its_dataclass(example, registered):
     text = (ROOT / "docs" / "extending.md").read_text()
-    (config,) = [yaml.safe_load(m[1]) for m in re.finditer(r"```yaml\n(family: bigram\n.*?)```", text, re.S)]
+    (config,) = [yaml.safe_load(m[1]) for m in re.finditer(r"```yaml\n(# A token bigram drafter.*?)```", text, re.S)]
     import dataclasses
 
+    from speclab.configs.schemas import family_config
+
+    # the file names the family's schema and repeats none of its defaults; composed, it is the dataclass
+    assert config.pop("defaults") == [{"/schema/speculator@_here_": "bigram"}, "_self_"]
     fields = {f.name: f.default for f in dataclasses.fields(example.BigramConfig)}
-    assert config == {"family": "bigram", **fields}
+    assert family_config(example.BigramConfig, "bigram", config) == {"family": "bigram", **fields}
 
 
 def test_example_training_forward_equals_inference_and_it_trains(registered, tiny):

@@ -2,6 +2,8 @@
 compute the same logits for the same inputs; configs and registry agree."""
 
 import ast
+import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -23,18 +25,18 @@ SMALL = {
                  dict(num_layers=1, hidden_size=16, num_heads=2, intermediate_size=24, init_from_target=True,
                       draft_vocab_size=19)],
     # odd widths, heads not dividing the target's, grouped KV heads, tied and untied outputs
-    "medusa": [dict(num_heads=3, num_blocks=1, hidden_size=0),
-               dict(num_heads=4, num_blocks=2, hidden_size=17, output="shared", draft_vocab_size=19)],
-    "hydra": [dict(num_heads=3, hidden_size=24, num_blocks=1),
-              dict(num_heads=4, hidden_size=17, num_blocks=2, output="shared", draft_vocab_size=19)],
+    "medusa": [dict(n_predict=3, num_blocks=1, hidden_size=0),
+               dict(n_predict=4, num_blocks=2, hidden_size=17, output="shared", draft_vocab_size=19)],
+    "hydra": [dict(n_predict=3, hidden_size=24, num_blocks=1),
+              dict(n_predict=4, hidden_size=17, num_blocks=2, output="shared", draft_vocab_size=19)],
     "eagle": [dict(num_layers=1, hidden_size=24, num_heads=4, num_kv_heads=2, intermediate_size=40, unroll_steps=3),
               dict(num_layers=2, hidden_size=18, num_heads=3, num_kv_heads=1, intermediate_size=23, unroll_steps=4,
                    draft_vocab_size=19)],
     "eagle3": [dict(num_layers=1, hidden_size=24, num_heads=4, num_kv_heads=2, intermediate_size=40, ttt_steps=3),
                dict(num_layers=2, hidden_size=18, num_heads=3, num_kv_heads=3, intermediate_size=23, ttt_steps=3,
                     target_layers=[1, 3], embedding="trained", draft_vocab_size=19)],
-    "lstm": [dict(n_predict=3, inner_dim=24, tie_weights="shared"),
-             dict(n_predict=4, inner_dim=17, tie_weights="per_stage", draft_vocab_size=19)],
+    "lstm": [dict(n_predict=3, inner_dim=24, tie_weights=True),
+             dict(n_predict=4, inner_dim=17, tie_weights=False, draft_vocab_size=19)],
     # min_match out of reach: every step drafts with the learned part, whose training forward this checks
     "hybrid": [dict(learned=dict(family="mlp", n_predict=3, inner_dim=24), min_match=100),
                dict(learned=dict(family="lstm", n_predict=4, inner_dim=17, draft_vocab_size=19), min_match=100)],
@@ -236,3 +238,34 @@ def test_the_targets_logits_are_computed_once_per_batch_and_each_step_reads_its_
     reference = torch.cat(rows).mean()
     assert len(calls) == 1 and states.shape[1] > 1
     assert loss.item() == pytest.approx(reference.item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("family", ["medusa", "hydra"])
+def test_the_old_chain_length_name_is_refused_naming_the_new_one(family):
+    with pytest.raises(ValueError, match=rf"^speculator.num_heads was renamed: {family} takes speculator.n_predict"):
+        build_speculator(family, {"num_heads": 3}, target_info())
+
+
+@pytest.mark.parametrize("old, new", [("shared", "true"), ("per_stage", "false")])
+def test_lstms_old_tie_weights_strings_are_refused_naming_the_bool(old, new):
+    with pytest.raises(ValueError, match=rf"^speculator.tie_weights={old} is now a bool: speculator.tie_weights={new}$"):
+        build_speculator("lstm", {"tie_weights": old}, target_info())
+
+
+def test_a_checkpoint_stored_with_an_old_name_is_refused_not_remapped(tmp_path):
+    out = build_speculator("medusa", dict(n_predict=2, hidden_size=0), target_info()).save(tmp_path / "medusa")
+    meta = json.loads((out / "config.json").read_text())
+    meta["config"]["num_heads"] = meta["config"].pop("n_predict")  # as saved before the rename
+    (out / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="num_heads was renamed: medusa takes speculator.n_predict") as err:
+        load_speculator(out, target_info())
+    assert "\n" not in str(err.value)
+
+
+def test_one_name_per_concept_across_families():
+    fields = {family: {f.name: f.type for f in dataclasses.fields(cls.Config)} for family, cls in REGISTRY.items()}
+    chains = {family for family, names in fields.items() if "n_predict" in names}
+    assert chains == {"mlp", "lstm", "medusa", "hydra"}
+    assert all("num_heads" not in fields[f] for f in chains)  # num_heads: attention heads only
+    assert {f: names["tie_weights"] for f, names in fields.items() if "tie_weights" in names} == {
+        "mlp": "bool", "lstm": "bool"}

@@ -26,7 +26,7 @@ SPECS = {
     "mlp": {"n_predict": 3, "inner_dim": 16, "draft_vocab_size": 100},
     "eagle3": {"hidden_size": 32, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 64, "draft_vocab_size": 100},
     "draft_lm": {"num_layers": 1, "hidden_size": 16, "num_heads": 2, "intermediate_size": 32},
-    "medusa": {"num_heads": 2, "draft_vocab_size": 100},
+    "medusa": {"n_predict": 2, "draft_vocab_size": 100},
     "eagle": {"hidden_size": 32, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 64},
 }
 
