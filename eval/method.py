@@ -47,7 +47,7 @@ from typing import Literal
 
 import torch
 
-from speclab.speculator import machine_records
+from speclab.kernels.util import machine_records
 from speclab.speculator.base import Speculator
 from speclab.speculator.runtime.fast_linear import native_drafting
 from speclab.speculator.target import FrozenTarget

@@ -32,7 +32,7 @@ import numpy as np
 from speclab.speculator.target import FrozenTarget
 from speclab.speculator.targets import cache_root
 
-from speclab.speculator.cache_lock import build_lock
+from speclab.kernels.util.cache_lock import build_lock
 from .data_cache import (HIDDEN_FILE, bundle_bytes, data_fingerprint, new_work_dir, publish, read_bundle,
                          replace_bundle, write_bundle)
 from .data_config import SOURCES, DataConfig

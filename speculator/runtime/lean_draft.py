@@ -28,7 +28,7 @@ from torch import nn
 
 from ..layers import KV, DecoderLayer, FusedInputLayer, rope
 from .model import LeanDecoder
-from .ops import NativeOps
+from speclab.kernels.native.ops import NativeOps
 
 
 def supports(layers: nn.ModuleList) -> bool:

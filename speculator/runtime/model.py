@@ -34,8 +34,8 @@ import torch
 
 from .cache import StaticKVCache
 from .config import LeanConfig, lean_config, rope_tables
-from .ops import NativeOps, Weight, backend
-from .wide_gemm import WideChoice, WideLinear, wide_choice
+from speclab.kernels.native.ops import NativeOps, Weight, backend
+from speclab.kernels.native.wide_gemm import WideChoice, WideLinear, wide_choice
 
 
 @dataclass

@@ -11,7 +11,7 @@ import torch
 
 from speclab.speculator.base import Speculator
 from speclab.speculator.families import build_speculator
-from speclab.speculator.runtime import native
+from speclab.kernels import native
 from speclab.speculator.runtime.fast_linear import native_drafting
 from speclab.speculator.runtime.mlp_chain import NativeMLPChain
 
