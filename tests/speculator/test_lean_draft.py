@@ -9,8 +9,8 @@ import copy
 import pytest
 import torch
 
-from speclab.speculator.families import build_speculator
 from speclab.kernels import native
+from speclab.speculator.families import build_speculator
 from speclab.speculator.runtime import lean_draft
 from speclab.speculator.runtime.fast_linear import DraftingOps, native_drafting
 
