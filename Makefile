@@ -17,9 +17,15 @@ SPECULATORS_IMPORT_DEPS ?= openai==3.57.0 loguru==0.7.3 pydantic-settings==2.16.
 DEMO_RUNS ?= runs/demo
 DEMO_EXPORT ?= exported/demo-best
 
-.PHONY: install demo test test-fast clean
+.PHONY: install compiler demo test test-fast clean
 
-install: $(VENV)/.installed
+install: compiler $(VENV)/.installed
+
+# The native CPU kernels (kernels/native/) are compiled on this machine at first use: every
+# published figure runs on them, so a C compiler is a requirement, not an option.
+compiler:
+	@command -v $${CC:-gcc} >/dev/null 2>&1 || command -v cc >/dev/null 2>&1 || \
+		{ echo "speclab needs a C compiler for its native CPU kernels: install one (e.g. apt-get install gcc) or set CC" >&2; exit 1; }
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)

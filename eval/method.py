@@ -9,7 +9,7 @@ little more than one; a CPU pays nearly per token).
    each n of `cost_lengths`, through the target's public call (a tree mask that is a chain,
    so tree verification's own path is timed), median of `cost_repeats`. It is a property of
    the target and the machine, not of the speculator: measured once per target, dtype,
-   runtime and machine (speculator/machine_records.py) and reused by every later run
+   runtime and machine (kernels/util/machine_records.py) and reused by every later run
    (`cost_cache: false` measures it every run); result.json says which.
 2. The tree's size from the curve: its budget is the largest n verified within
    `cost_slack` x the cost of one token (beyond that, every extra node costs more than it is
@@ -47,7 +47,7 @@ from typing import Literal
 
 import torch
 
-from speclab.speculator import machine_records
+from speclab.kernels.util import machine_records
 from speclab.speculator.base import Speculator
 from speclab.speculator.runtime.fast_linear import native_drafting
 from speclab.speculator.target import FrozenTarget

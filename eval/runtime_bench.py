@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache, GenerationConfig
 
-from speclab.speculator.runtime import native
+from speclab.kernels import native
 
 CONTEXT, REPEATS = 256, 7
 

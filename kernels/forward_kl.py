@@ -2,7 +2,7 @@
 
 `forward_kl_rows(draft_logits, target_logits)` -> (loss [N], draft argmax [N], target argmax
 [N]): the unfused objective of `Speculator.token_loss` (training/losses.py `forward_kl`), in
-one native pass per row (speculator/runtime/native.c `lean_forward_kl`) where the CPU kernels
+one native pass per row (native/loss.c `lean_forward_kl`) where the CPU kernels
 are built, and in torch elsewhere (CUDA, or no compiler). The native pass also writes the
 gradient q - p, which backward scales: no log-probabilities are kept for autograd.
 """
@@ -13,6 +13,8 @@ import ctypes
 
 import torch
 import torch.nn.functional as F
+
+from . import native
 
 
 def forward_kl_torch(draft_logits: torch.Tensor, target_logits: torch.Tensor, target_rows=None):
@@ -52,19 +54,13 @@ class _NativeForwardKL(torch.autograd.Function):
 NATIVE = True  # False: torch's passes everywhere (training/step_bench.py times both)
 
 
-def _native_lib():
-    from speclab.speculator.runtime import native
-
-    return native.load()
-
-
 def forward_kl_rows(draft_logits: torch.Tensor, target_logits: torch.Tensor, lib=None,
                     target_rows: torch.Tensor | None = None):
     """(loss [N] fp32, draft argmax [N], target argmax [N]); draft [N, V] fp32 or bf16, against
     target_logits[target_rows] (read in place; all rows where None).
     `lib`: a build of the CPU kernels (native.load(march)); default this machine's."""
     if lib is None and draft_logits.device.type == "cpu" and NATIVE:
-        lib = _native_lib()
+        lib = native.load()
     if lib is None or draft_logits.dtype not in (torch.float32, torch.bfloat16) or draft_logits.dim() != 2:
         return forward_kl_torch(draft_logits, target_logits, target_rows)
     return _NativeForwardKL.apply(draft_logits, target_logits, target_rows, lib)

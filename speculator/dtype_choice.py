@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from . import machine_records
+from speclab.kernels.util import machine_records
 
 log = logging.getLogger(__name__)
 CANDIDATES = {"fp32": torch.float32, "bf16": torch.bfloat16}

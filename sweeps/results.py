@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from speclab.speculator.cache_lock import write_atomic
+from speclab.kernels.util.cache_lock import write_atomic
 
 RESULT_FILE = "result.json"
 PROCESS_FILE = "process.json"  # {pid, host} of the process running the run, until result.json exists
@@ -224,8 +224,8 @@ def find_speculator_checkpoint(path: str | Path) -> Path:
 
 
 def weights_sha256(state_dict: Mapping[str, Any]) -> str:
-    """sha256 of a state dict (see speclab.speculator.digest)."""
+    """sha256 of a state dict (see speclab.kernels.util.digest)."""
     # Imported here, so that `speclab runs` does not pay torch's import time.
-    from speclab.speculator.digest import weights_sha256 as digest
+    from speclab.kernels.util.digest import weights_sha256 as digest
 
     return digest(state_dict)

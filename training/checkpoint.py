@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from speclab.speculator import cache_lock
+from speclab.kernels.util import cache_lock
 
 log = logging.getLogger(__name__)
 

@@ -29,12 +29,12 @@ from pathlib import Path
 import datasets
 import numpy as np
 
+from speclab.kernels.util.cache_lock import build_lock, work_dir_for
 from speclab.speculator.target import FrozenTarget
 from speclab.speculator.targets import cache_root
 
-from speclab.speculator.cache_lock import build_lock
-from .data_cache import (HIDDEN_FILE, bundle_bytes, data_fingerprint, new_work_dir, publish, read_bundle,
-                         replace_bundle, write_bundle)
+from .data_cache import (HIDDEN_FILE, bundle_bytes, data_fingerprint, publish, read_bundle, replace_bundle,
+                         write_bundle)
 from .data_config import SOURCES, DataConfig
 from .data_rounds import Growth, add_stats, next_round, split_records, with_rates
 from .data_sources import datasets_progress
@@ -95,7 +95,7 @@ def build_dataset(target: FrozenTarget, cfg: DataConfig, cache_dir: Path | None 
         # Published after every round: a build stopped at any point (killed, out of disk, a
         # failed generation) keeps every finished round, and the next run extends from there.
         while cached is None or not _covers(cached[2], cfg):
-            work = new_work_dir(root, fingerprint)
+            work = work_dir_for(root / fingerprint)
             try:
                 with datasets_progress(progress):
                     train, heldout, meta = _grow(target, cfg, cached, work, progress, exclude,

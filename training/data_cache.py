@@ -99,13 +99,6 @@ def _manifest(bundle: Path) -> dict[str, str]:
     return {str(p.relative_to(bundle)): _hash_file(hashlib.sha256(), p).hexdigest() for p in files}
 
 
-def new_work_dir(root: Path, fingerprint: str) -> Path:
-    """A private temporary directory beside the final one (same filesystem: rename is atomic)."""
-    work = root / f".{fingerprint}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    work.mkdir(parents=True)
-    return work
-
-
 def write_bundle(work: Path, fingerprint: str, train: datasets.Dataset, heldout: list[dict], meta: dict) -> None:
     train.save_to_disk(str(work / TRAIN_DIR))
     (work / HELDOUT_FILE).write_text("".join(json.dumps(h) + "\n" for h in heldout))

@@ -27,11 +27,10 @@ import torch
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
+from speclab.kernels.util.digest import weights_sha256
 from speclab.speculator.base import TargetInfo
 from speclab.speculator.families import build_speculator
 from speclab.speculator.targets import tiny_llama
-
-from speclab.speculator.digest import weights_sha256
 
 from .checkpoint import CheckpointConfig, CheckpointStore
 from .features import FeatureDataset, assistant_token_counts, build_feature_store

@@ -34,10 +34,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from speclab.kernels.util.cache_lock import build_lock, ensure_free_space, publish_dir, reserve, work_dir_for
 from speclab.speculator.base import Features
 from speclab.speculator.target import FrozenTarget
-
-from speclab.speculator.cache_lock import build_lock, ensure_free_space, publish_dir, reserve, work_dir_for
 
 COMPLETE_MARKER = "COMPLETE"
 _NP_DTYPES = {"fp32": np.float32, "fp16": np.float16, "bf16": np.float32}

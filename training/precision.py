@@ -17,8 +17,8 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from speclab.speculator import machine_records
-from speclab.speculator.timing import alternated_ms
+from speclab.kernels.util import machine_records
+from speclab.kernels.util.timing import alternated_ms
 
 log = logging.getLogger(__name__)
 PRECISIONS = ("auto", "fp32", "bf16")

@@ -26,9 +26,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from speclab.kernels.native.ops import NativeOps
+
 from ..layers import KV, DecoderLayer, FusedInputLayer, rope
 from .model import LeanDecoder
-from .ops import NativeOps
 
 
 def supports(layers: nn.ModuleList) -> bool:

@@ -18,7 +18,7 @@ import ctypes
 import torch
 from torch import nn
 
-from .ops import NativeOps, _ptr
+from speclab.kernels.native.ops import NativeOps, _ptr
 
 
 class MLPStage(ctypes.Structure):

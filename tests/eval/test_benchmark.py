@@ -42,7 +42,7 @@ def test_score_oracle(target, prompts):
 
 @pytest.mark.parametrize("dtype, packed", [("fp32", "as loaded"), ("bf16", "bf16")])
 def test_score_records_how_the_drafts_ran(dtype, packed):
-    from speclab.speculator.runtime import native
+    from speclab.kernels import native
 
     target = tiny_llama(dtype=dtype)
     prompt = encode_prompt(target.tokenizer, {"prompt": "Say hi"})

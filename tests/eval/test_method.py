@@ -158,7 +158,7 @@ def test_the_pilot_drafts_through_the_native_drafting_the_score_uses(target, pro
     # in the score (benchmark.score routes them natively), and drafting-heavy methods lose.
     from torch import nn
 
-    from speclab.speculator.runtime import native
+    from speclab.kernels import native
 
     if native.load() is None:
         pytest.skip("no native kernels on this machine: nothing is routed")

@@ -4,8 +4,8 @@ loss, gradient and both argmaxes, for every CPU build the tests can make."""
 import pytest
 import torch
 
+from speclab.kernels import native
 from speclab.kernels.forward_kl import forward_kl_rows, forward_kl_torch
-from speclab.speculator.runtime import native
 
 BUILDS = [pytest.param(march, marks=pytest.mark.skipif(native.load(march) is None, reason=f"no {march} build here"))
           for march in ("native", "haswell")]

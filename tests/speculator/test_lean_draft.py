@@ -9,8 +9,9 @@ import copy
 import pytest
 import torch
 
+from speclab.kernels import native
 from speclab.speculator.families import build_speculator
-from speclab.speculator.runtime import lean_draft, native
+from speclab.speculator.runtime import lean_draft
 from speclab.speculator.runtime.fast_linear import DraftingOps, native_drafting
 
 from test_families import SMALL, random_layers, target_info

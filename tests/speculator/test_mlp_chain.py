@@ -9,9 +9,9 @@ import copy
 import pytest
 import torch
 
+from speclab.kernels import native
 from speclab.speculator.base import Speculator
 from speclab.speculator.families import build_speculator
-from speclab.speculator.runtime import native
 from speclab.speculator.runtime.fast_linear import native_drafting
 from speclab.speculator.runtime.mlp_chain import NativeMLPChain
 

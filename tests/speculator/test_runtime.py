@@ -16,11 +16,11 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from speclab.speculator.runtime import native
+from speclab.kernels import native
+from speclab.kernels.native.ops import NativeOps, TorchOps
 from speclab.speculator.runtime.config import UnsupportedModel, lean_config
 from speclab.speculator.runtime.generate import generate_batch, generation_cache_dtype
 from speclab.speculator.runtime.model import LeanDecoder
-from speclab.speculator.runtime.ops import NativeOps, TorchOps
 from speclab.speculator.target import FrozenTarget
 from speclab.speculator.targets import tiny_llama
 

@@ -403,7 +403,7 @@ def test_nan_and_inf_are_written_as_null(tmp_path):
 def test_a_full_disk_is_a_one_line_error_naming_the_path_and_bytes(tmp_path, tiny_target, monkeypatch):
     import shutil as shutil_module
 
-    from speclab.speculator import cache_lock
+    from speclab.kernels.util import cache_lock
     from speclab.training.features import build_feature_store
 
     usage = shutil_module.disk_usage(tmp_path)
@@ -419,7 +419,7 @@ def test_a_full_disk_is_a_one_line_error_naming_the_path_and_bytes(tmp_path, tin
 def test_blocks_are_reserved_so_a_disk_filled_meanwhile_fails_loudly(tmp_path, tiny_target, monkeypatch):
     import errno
 
-    from speclab.speculator import cache_lock
+    from speclab.kernels.util import cache_lock
     from speclab.training.features import build_feature_store
 
     def full(fd, offset, size):

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from speclab.speculator import machine_records
+from speclab.kernels.util import machine_records
 from speclab.training import precision
 from speclab.training.precision import choose_precision
 

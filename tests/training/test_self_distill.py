@@ -138,7 +138,7 @@ def test_responses_are_the_targets_greedy_continuations(target):
 def test_the_machine_chooses_the_generation_batch_where_the_config_leaves_it_to_it():
     from types import SimpleNamespace
 
-    from speclab.speculator.runtime.wide_gemm import WideChoice
+    from speclab.kernels.native.wide_gemm import WideChoice
     from speclab.training.self_distill import NATIVE_GEN_BATCH, WIDE_GEN_BATCH, generation_batch_size
 
     def target(wide):

@@ -29,9 +29,9 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
-from .. import machine_records
-from . import native
-from ..timing import alternated_ms
+from .. import native
+from ..util import machine_records
+from ..util.timing import alternated_ms
 
 log = logging.getLogger(__name__)
 RECORDS = "wide-gemm"  # the speclab cache folder of the remembered choices

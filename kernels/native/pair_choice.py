@@ -22,8 +22,9 @@ from functools import lru_cache
 
 import torch
 
-from .. import machine_records
-from ..timing import alternated_ms
+from ..util import machine_records
+from ..util.timing import alternated_ms
+from .bf16 import BF16_PATHS, bf16_paths
 
 log = logging.getLogger(__name__)
 RECORDS = "bf16-gemm-path"  # the speclab cache folder of the remembered choices
@@ -46,8 +47,6 @@ CANDIDATES = ("widened", "pairs")
 @lru_cache(maxsize=None)
 def fastest_bf16_path(lib) -> str:
     """The path (ops.BF16_PATHS) this machine should multiply bf16 weights on."""
-    from .ops import BF16_PATHS, bf16_paths
-
     available = [p for p in bf16_paths(lib) if p in CANDIDATES]
     forced = os.environ.get(OVERRIDE)
     if forced is not None:
@@ -69,7 +68,7 @@ def fastest_bf16_path(lib) -> str:
 def time_paths(lib) -> dict[str, float]:
     """Median ms of the probe (a 1-row and a 9-row GEMM over each copy of the weights) on
     each path this machine has, the paths alternated so that a burst of load hits them all."""
-    from .ops import NativeOps, bf16_paths
+    from .ops import NativeOps
 
     g = torch.Generator().manual_seed(0)
     weights = [(torch.randn(PROBE_OUT, PROBE_IN, generator=g) * 0.02).to(torch.bfloat16) for _ in range(COPIES)]

@@ -1,6 +1,6 @@
 import torch
 
-from speclab.speculator.digest import weights_sha256
+from speclab.kernels.util.digest import weights_sha256
 from speclab.sweeps.results import weights_sha256 as results_sha256
 
 

@@ -13,9 +13,10 @@ model's logits are near ties, and 0-2.5% of its argmaxes moved.
 import pytest
 import torch
 
-from speclab.speculator import machine_records
-from speclab.speculator.runtime import native, wide_gemm
-from speclab.speculator.runtime.wide_gemm import WideChoice, WideLinear
+from speclab.kernels import native
+from speclab.kernels.native import wide_gemm
+from speclab.kernels.native.wide_gemm import WideChoice, WideLinear
+from speclab.kernels.util import machine_records
 from speclab.speculator.targets import tiny_llama
 
 WIDE_REL = 0.02

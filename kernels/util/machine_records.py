@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 def machine_id() -> str:
     """The CPU model, its feature flags and the thread count."""
-    from .runtime import native
+    from .. import native
 
     model, flags = native.cpu_info()
     return f"{model or platform.processor()}|{' '.join(flags)}|threads={torch.get_num_threads()}"
@@ -38,7 +38,7 @@ def machine_name() -> str:
 def _path(kind: str, parts: list) -> Path:
     from transformers import __version__ as hf_version
 
-    from .runtime import native
+    from .. import native
 
     key = json.dumps([machine_id(), torch.__version__, hf_version, native.build_id(), *parts], default=str)
     return cache_root() / kind / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"

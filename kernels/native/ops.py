@@ -1,6 +1,6 @@
 """The lean decoder's five operations, on two backends with one signature.
 
-- `NativeOps`: the C kernels of native.c (CPU): batch-invariant, bandwidth-bound GEMV.
+- `NativeOps`: the native CPU library's kernels (decoder.c): batch-invariant, bandwidth-bound GEMV.
 - `TorchOps`: the same maths in plain torch ops: the reference the kernels are tested
   against, and the path on GPUs or machines without a C compiler.
 
@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from . import native
+from .. import native
+from .bf16 import bf16_paths
 
 
 @dataclass
@@ -34,21 +35,13 @@ class Weight:
     rounds_input: bool = False  # torch reference of the bf16-pair kernels: x rounded to bf16 first
 
 
-# native.c's enum lean_weights: how a GEMM's weights are packed (NativeOps.pack).
+# lean.h's enum lean_weights: how a GEMM's weights are packed (NativeOps.pack).
 LEAN_FP32, LEAN_BF16_WIDENED, LEAN_BF16_PAIRS, LEAN_BF16_AMX = 0, 1, 2, 3
-# How bf16 weights can be multiplied: widened to fp32 FMAs (every build), as bf16 pairs
-# (vdpbf16ps, AVX512-BF16), or as bf16 pairs on AMX tiles (the same panels, K padded to 32).
-BF16_PATHS = ("widened", "pairs", "amx")
 _BF16_FORMATS = {"widened": LEAN_BF16_WIDENED, "pairs": LEAN_BF16_PAIRS, "amx": LEAN_BF16_AMX}
 
 
 def _ptr(t: torch.Tensor | None):
     return None if t is None else ctypes.c_void_p(t.data_ptr())
-
-
-def bf16_paths(lib) -> list[str]:
-    """The bf16 GEMM paths this build of the kernels has on this machine."""
-    return ["widened"] + (["pairs"] if lib.lean_bf16_dot() else []) + (["amx"] if lib.lean_amx() else [])
 
 
 class NativeOps:
@@ -70,7 +63,7 @@ class NativeOps:
         self.bf16_dot = bf16_path != "widened"  # inputs rounded to bf16, weights packed as pairs
 
     def weight_format(self, dtype: torch.dtype) -> int:
-        """native.c's enum lean_weights for weights of this dtype as pack lays them out."""
+        """lean.h's enum lean_weights for weights of this dtype as pack lays them out."""
         return LEAN_FP32 if dtype != torch.bfloat16 else _BF16_FORMATS[self.bf16_path]
 
     def pack(self, w: torch.Tensor, bias: torch.Tensor | None = None) -> Weight:
@@ -80,7 +73,7 @@ class NativeOps:
         multiplies side by side (K padded with zero columns to even, or to a multiple of 32
         for AMX tiles). bf16 weights widened: [ceil(N / NR), K, NR / (2 VL), VL, 2], outputs
         2p VL + j and (2p + 1) VL + j side by side in one 32-bit word, which one shift and
-        one mask widen (native.c)."""
+        one mask widen (decoder.c)."""
         N, K = w.shape
         pairs = self.bf16_dot and w.dtype == torch.bfloat16
         blocks = -(-N // self.width)
@@ -123,7 +116,7 @@ class NativeOps:
 
     def stack(self, layers) -> tuple:
         """The decoder's layers (model.LeanLayer) for `run_layers`: an array of their pointers,
-        the weights' format (native.c's lean_weights), and the widths (qkv outputs, MLP width). The layers must
+        the weights' format (lean.h's lean_weights), and the widths (qkv outputs, MLP width). The layers must
         outlive it (the decoder holds both)."""
         array = (LayerStack * len(layers))()
         for slot, layer in zip(array, layers):
@@ -139,7 +132,7 @@ class NativeOps:
 
     def run_layers(self, stack, x, start, stop, k_cache, v_cache, positions, cos, sin, rows, lens, mask,
                    B, T, H, KV, hd, eps):
-        """x [B*T, D] through layers start..stop-1 in place, in one native call (native.c
+        """x [B*T, D] through layers start..stop-1 in place, in one native call (decoder.c
         lean_layers: the same kernels in the same order as the per-layer calls)."""
         array, weight_format, n_qkv, inner = stack
         M, D = x.shape
@@ -162,14 +155,14 @@ class NativeOps:
 
 
 def _kv_bf16(k_cache: torch.Tensor, v_cache: torch.Tensor) -> int:
-    """1 for a bf16 KV cache, 0 for fp32 (native.c reads either)."""
+    """1 for a bf16 KV cache, 0 for fp32 (decoder.c reads either)."""
     if k_cache.dtype != v_cache.dtype or k_cache.dtype not in (torch.float32, torch.bfloat16):
         raise TypeError(f"the KV cache must be fp32 or bf16, keys and values alike; got {k_cache.dtype}, {v_cache.dtype}")
     return int(k_cache.dtype == torch.bfloat16)
 
 
 class LayerStack(ctypes.Structure):
-    """One decoder layer's pointers as native.c's `lean_layer` reads them."""
+    """One decoder layer's pointers as lean.h's `lean_layer` reads them."""
 
     _fields_ = [(name, ctypes.c_void_p) for name in ("attn_norm", "qkv_bias", "mlp_norm", "qkv", "o", "gate_up", "down")]
 

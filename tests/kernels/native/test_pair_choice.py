@@ -3,9 +3,11 @@ overridable."""
 
 import pytest
 
-from speclab.speculator import machine_records
-from speclab.speculator.runtime import native, pair_choice
-from speclab.speculator.runtime.ops import NativeOps, bf16_paths
+from speclab.kernels import native
+from speclab.kernels.native import pair_choice
+from speclab.kernels.native.bf16 import bf16_paths
+from speclab.kernels.native.ops import NativeOps
+from speclab.kernels.util import machine_records
 
 
 class FakeLib:

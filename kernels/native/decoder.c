@@ -1,4 +1,4 @@
-/* CPU kernels of the lean decoder (speculator/runtime): small-M GEMM over prepacked
+/* CPU kernels of the lean decoder (the frozen target's runtime): small-M GEMM over prepacked
  * weights, RMSNorm, SiLU-gated product, and attention over a static KV cache with RoPE.
  *
  * Why our own: on the CPUs speclab runs on, torch's fp32 GEMM streams a decoder's weights
@@ -10,7 +10,7 @@
  * verification see bit-identical logits for the same context, in fp32 and with bf16
  * weights alike, and greedy speculative decoding is exactly lossless.
  *
- * Compiled at first use with the machine's own flags (-march=native, see native.py);
+ * Compiled at first use with the machine's own flags (-march=native, see __init__.py);
  * GCC vector extensions give AVX-512 or AVX2 code from the same source. The pure-torch
  * reference of each kernel is in ops.py (TorchOps). Compute is fp32; weights are fp32 or
  * bf16 (a bf16 weight is the upper half of an fp32 word, widened exactly on load).
@@ -24,51 +24,13 @@
  * pair_choice.py times both once per machine and the caller passes the format it packed
  * (enum lean_weights). Either path is the same for every M: batch invariance holds.
  */
-#include <math.h>
-#include <pthread.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
-#define BF16_DOT 1
-#else
-#define BF16_DOT 0
-#endif
-
-#if defined(__AVX512F__)
-/* Micro-tile: RB vectors of outputs (NR = RB * VL) by TB rows (tokens), RB * TB accumulators
- * in registers. AVX-512 (32 registers): 2 x 12. Why: verification passes are 5-9 tokens, and
- * a 6-row tile walked an 8-token pass's panels twice, the second walk (2 rows) with no memory
- * traffic under it. On an AVX512-BF16 Xeon the 2 x 12 tile made SmolLM2 passes of 8-12 tokens
- * 1.19-1.20x faster than 4 x 6 with bf16 weights widened (2-5 tokens 1.08-1.09x; fp32
- * weights 1.04-1.22x at 1-12 tokens); 2 x 8, 2 x 10 and 2 x 14 were slower (docs/results.md).
- * AVX2 (16 registers): 2 x 6. */
-#define VL 16 /* floats per vector register */
-#define RB 2
-#define TB 12
-#else
-#define VL 8
-#define RB 2
-#define TB 6
-#endif
-#define NR (RB * VL)
-_Static_assert(RB % 2 == 0, "bf16 panels hold vectors in pairs (load2_bf16)");
-
-typedef float vf __attribute__((vector_size(VL * 4)));
-typedef uint32_t vu __attribute__((vector_size(VL * 4)));
+#include "lean.h"
 
 int lean_vector_len(void) { return VL; }
 int lean_pack_width(void) { return NR; }
 /* 1 where bf16 weights may be multiplied as bf16 pairs (packed [blocks, ceil(K/2), NR, 2]). */
 int lean_bf16_dot(void) { return BF16_DOT; }
-/* A GEMM's weight format, as the caller packed it (ops.py NativeOps.pack). */
-enum lean_weights { LEAN_FP32 = 0, LEAN_BF16_WIDENED = 1, LEAN_BF16_PAIRS = 2, LEAN_BF16_AMX = 3 };
 
-static inline vf load_f32(const float *p) { vf v; memcpy(&v, p, sizeof v); return v; }
-static inline void store_f32(float *p, vf v) { memcpy(p, &v, sizeof v); }
 /* Two vectors of weights at p: fp32, or bf16 packed as interleaved halves. A bf16 panel
  * row holds, for each pair of vectors (r, r + 1), VL 32-bit words whose low half is output
  * r*VL + j and high half output (r+1)*VL + j (ops.py NativeOps.pack): one load, a shift and
@@ -90,43 +52,9 @@ static inline uint16_t to_bf16(float f) {
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-/* Keys and values in the KV cache: fp32, or bf16 (bf16 = 1), the upper half of an fp32 word.
- * Why bf16: batched generation of a bf16 target reads every row's keys and values once a
- * step, half of a 128-row step's time in fp32; a bf16 cache halves the bytes, at the
- * precision transformers keeps a bf16 model's cache in. Element i of the cache at p. */
-static inline __attribute__((always_inline)) vf load_kv(const void *p, int64_t i, int bf16) {
-    if (!bf16) return load_f32((const float *)p + i);
-    const uint16_t *h = (const uint16_t *)p + i;
-#if defined(__AVX512F__)
-    return (vf)_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)h)), 16));
-#elif defined(__AVX2__)
-    return (vf)_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)h)), 16));
-#else
-    vu u;
-    for (int j = 0; j < VL; j++) u[j] = (uint32_t)h[j] << 16;
-    vf v; memcpy(&v, &u, sizeof v); return v;
-#endif
-}
-static inline __attribute__((always_inline)) float kv_at(const void *p, int64_t i, int bf16) {
-    if (!bf16) return ((const float *)p)[i];
-    uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
-    float f; memcpy(&f, &u, sizeof f); return f;
-}
 static inline void store_kv(void *p, int64_t at, const float *x, int n, int bf16) {
     if (!bf16) { memcpy((float *)p + at, x, n * sizeof(float)); return; }
     for (int d = 0; d < n; d++) ((uint16_t *)p)[at + d] = to_bf16(x[d]);
-}
-
-/* A vector of x in every lane: one broadcast (`(vf){0} + x` compiled to an add and a
- * broadcast, a lane-by-lane fill to eight inserts). */
-static inline vf splat(float x) {
-#if defined(__AVX512F__)
-    return (vf)_mm512_set1_ps(x);
-#elif defined(__AVX__)
-    return (vf)_mm256_set1_ps(x);
-#else
-    return (vf){0} + x;
-#endif
 }
 
 /* A micro-tile's accumulators acc[tbn][rb] into y (or added to it), clipped at N outputs. */
@@ -176,7 +104,7 @@ static void NAME(const float *x, int64_t ldx, const WT *w, float *y, int64_t ldy
 }
 
 /* Vector FMA: GCC contracts a * b + c on vector types into vfmadd under -ffp-contract=fast,
- * which native.py passes explicitly so the contraction never depends on defaults. */
+ * which __init__.py passes explicitly so the contraction never depends on defaults. */
 #define FMA(a, b, c) ((a) * (b) + (c))
 
 #define MICROS(T, WT, LOADW, PF)                                                              \
@@ -461,35 +389,6 @@ void lean_rmsnorm(const float *x, const float *weight, float *y, int M, int D, f
     }
 }
 
-/* exp(x) per lane, one instruction sequence for every lane (Cephes' expf: x = n ln2 + r,
- * |r| <= ln2/2, a degree-7 polynomial for e^r, then 2^n through the exponent bits; within
- * 2 ulp of expf). Why our own: glibc's expf is scalar, and softmax and SiLU called it ~100k
- * times per token (a tenth of a decode step). Lanes never interact, so an element's value
- * does not depend on where it sits in a vector: a tail padded to a full vector gives the same
- * bits as a full one. Below -87.3 (where expf turns denormal) it is 0, so exp(-inf) = 0. */
-typedef int32_t vi __attribute__((vector_size(VL * 4)));
-static inline vf vselect(vi m, vf a, vf b) { return (vf)(((vi)a & m) | ((vi)b & ~m)); }
-static inline vf vmax(vf a, vf b) { return vselect(a > b, a, b); }
-static inline vf vmin(vf a, vf b) { return vselect(a < b, a, b); }
-static inline vf vexp(vf x) {
-    const vf hi = splat(88.3762626647949f), lo = splat(-87.3365478515625f);
-    vi zero = x < lo; /* lanes of all ones where the result is 0 */
-    x = vmin(vmax(x, lo), hi);
-    vf n = x * 1.44269504088896341f + 12582912.0f; /* round(x / ln2) by the 1.5 * 2^23 shift */
-    n = n - 12582912.0f;
-    vf r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    vf p = splat(1.9875691500e-4f);
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * (r * r) + r + 1.0f;
-    vf e = p * (vf)((__builtin_convertvector(n, vi) + 127) << 23);
-    return (vf)((vi)e & ~zero);
-}
-
 static inline vf load_part(const float *p, int lanes) {
     if (lanes == VL) return load_f32(p);
     vf v = (vf){0};
@@ -528,15 +427,6 @@ static void rope(float *v, const float *cos_row, const float *sin_row, int hd) {
         v[i] = a * c - b * s;
         v[i + half] = b * c + a * s;
     }
-}
-
-/* Sum of a vector's lanes by halving (a fixed tree: the same order for every call). */
-static inline float hsum(vf v) {
-    float lanes[VL];
-    memcpy(lanes, &v, sizeof lanes);
-    for (int w = VL / 2; w > 0; w /= 2)
-        for (int j = 0; j < w; j++) lanes[j] += lanes[j + w];
-    return lanes[0];
 }
 
 /* q . k over hd in two parts: the vector part (one fused multiply-add chain over the
@@ -751,11 +641,6 @@ void lean_attention(float *qkv, const int64_t *pos, const float *cos_t, const fl
  * Why: each kernel called from Python costs ~6 us of ctypes and tensor allocation, and a
  * layer makes eight calls: ~1.5 ms of a 12 ms decoding step on SmolLM2. The kernels and
  * their order are those of the per-call path, so the bits are the same. */
-typedef struct {
-    const float *attn_norm, *qkv_bias, *mlp_norm;
-    const void *qkv, *o, *gate_up, *down;
-} lean_layer;
-
 void lean_layers(const lean_layer *layers, int l0, int l1, int weights, float *x, int B, int T, int D, int Nqkv,
                  int I, float eps, void *kc, void *vc, int64_t layer_stride, int kv_bf16, const int64_t *pos,
                  const float *cos_t, const float *sin_t, const int64_t *row, const int64_t *len,
@@ -778,119 +663,5 @@ void lean_layers(const lean_layer *layers, int l0, int l1, int weights, float *x
         lean_gemm(h, D, L->gate_up, weights, gu, 2 * I, M, D, 2 * I, 0);
         lean_silu_mul(gu, act, M, I);
         lean_gemm(act, I, L->down, weights, x, D, M, I, D, 1);
-    }
-}
-
-/* --- Training: forward KL over a vocabulary, fused ------------------------------------------
- * Per row n of draft logits d[N, V] (fp32, or bf16 where d_bf16) and the target's row
- * t[t_rows[n]] (t[n] where t_rows is NULL: the rows of a later draft step are a subset):
- *   loss[n] = KL(p || q) = sum_v p_v (log p_v - log q_v), p = softmax(t), q = softmax(d),
- *   grad[n] = q - p (d loss / d d; the caller scales it by the upstream gradient),
- *   d_arg[n], t_arg[n] = the first index of each row's maximum (the metrics' agreement).
- * Why fused: torch computes this as log_softmax twice, exp, a subtraction, a product and a
- * sum forward, then their backward, each a pass over [N, V] in memory: at SmolLM2's shapes
- * ([~500, 8192] per draft step) those passes were ~60% of an mlp training step. Here a row is
- * read three times and written once, with the vector exp above. Not batch-invariant work
- * (training needs none): rows split across threads. */
-static inline void row_max_arg(const void *x, int64_t at, int V, int bf16, float *top, int64_t *arg) {
-    vf m = splat(-INFINITY);
-    vi idx = (vi){0}, pos;
-    for (int j = 0; j < VL; j++) pos[j] = j;
-    int v = 0;
-    for (; v + VL <= V; v += VL, pos = pos + VL) {
-        vf x_ = load_kv(x, at + v, bf16);
-        vi up = x_ > m; /* strictly greater: each lane keeps its first maximum */
-        m = vselect(up, x_, m);
-        idx = (up & pos) | (~up & idx);
-    }
-    float best = -INFINITY;
-    int64_t where = 0;
-    for (int j = 0; j < VL; j++) /* lanes hold increasing indices: the smallest index of a tie */
-        if (m[j] > best || (m[j] == best && idx[j] < where)) { best = m[j]; where = idx[j]; }
-    for (; v < V; v++) {
-        float x_ = kv_at(x, at + v, bf16);
-        if (x_ > best) { best = x_; where = v; }
-    }
-    *top = best, *arg = where;
-}
-
-void lean_forward_kl(const void *d, int d_bf16, const float *t, const int64_t *t_rows, int N, int V, float *loss,
-                     float *grad, int64_t *d_arg, int64_t *t_arg) {
-#pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        int64_t at = (int64_t)n * V, t_at = (t_rows ? t_rows[n] : n) * (int64_t)V; /* target row read in place */
-        const float *tn = t + t_at;
-        float *gn = grad + at, md, mt;
-        row_max_arg(d, at, V, d_bf16, &md, d_arg + n);
-        row_max_arg(t, t_at, V, 0, &mt, t_arg + n);
-        vf sd = (vf){0}, st = (vf){0}, cross = (vf){0};
-        int v = 0;
-        for (; v + VL <= V; v += VL) { /* e^(d - md) kept in grad; sums of both and of e_t (t - d) */
-            vf dv = load_kv(d, at + v, d_bf16), tv = load_f32(tn + v);
-            vf ed = vexp(dv - md), et = vexp(tv - mt);
-            store_f32(gn + v, ed);
-            sd = sd + ed, st = st + et, cross = et * (tv - dv) + cross;
-        }
-        float sum_d = hsum(sd), sum_t = hsum(st), sum_cross = hsum(cross);
-        for (; v < V; v++) {
-            float dv = kv_at(d, at + v, d_bf16), tv = tn[v], ed = expf(dv - md), et = expf(tv - mt);
-            gn[v] = ed;
-            sum_d += ed, sum_t += et, sum_cross += et * (tv - dv);
-        }
-        /* sum p (log p - log q) = sum p (t - d) - (mt + log sum_t) + (md + log sum_d), as sum p = 1 */
-        loss[n] = sum_cross / sum_t - (mt + logf(sum_t)) + (md + logf(sum_d));
-        vf inv_d = splat(1.0f / sum_d), inv_t = splat(1.0f / sum_t);
-        for (v = 0; v + VL <= V; v += VL)
-            store_f32(gn + v, load_f32(gn + v) * inv_d - vexp(load_f32(tn + v) - mt) * inv_t);
-        for (; v < V; v++) gn[v] = gn[v] / sum_d - expf(tn[v] - mt) / sum_t;
-    }
-}
-
-/* --- The mlp speculator's greedy chain in one call ---------------------------------------
- * IBM's MLP speculator (speculator/mlp.py) drafts k tokens, stage by stage: stage i reads the
- * state s (the target's last hidden state [H] for i = 0, else the previous stage's [D]) and
- * the embedding of the previous token x (the pending token for i = 0):
- *     s = GELU(LayerNorm_i(W_i s * state_weight + E_i[x] * emb_weight)),  [D]
- *     x = vocab_ids[argmax(head_i s)]   (the draft vocabulary's id mapped to the target's;
- *                                        vocab_ids NULL: the whole vocabulary, the identity)
- * drafts[i] = x; states[i] = s when states is not NULL (what the tests compare).
- * Why one call: eager PyTorch ran a stage as some twenty small ops around its two GEMVs, about
- * 0.25 ms a stage with its weights in cache, where the GEMVs themselves stream ~4 MB.
- * work: max(H, D) + D + N floats. The argmax is the first index of the maximum, as torch's. */
-typedef struct {
-    const void *proj, *emb, *head; /* packed [D, H or D]; table [V, D]; packed [N, D] */
-    const float *norm_weight, *norm_bias; /* [D] each */
-    int proj_format, emb_bf16, head_format;
-    float eps; /* the LayerNorm's */
-} lean_mlp_stage;
-
-static float gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
-
-void lean_mlp_chain(const lean_mlp_stage *stages, int k, const float *hidden, int64_t token, int H, int D, int N,
-                    const int64_t *vocab_ids, float state_weight, float emb_weight, float *work,
-                    int64_t *drafts, float *states) {
-    float *s = work, *mixed = work + (H > D ? H : D), *logits = mixed + D;
-    memcpy(s, hidden, (size_t)H * sizeof(float));
-    int width = H; /* the state's width: the target's for stage 0, the draft's after */
-    for (int i = 0; i < k; i++) {
-        const lean_mlp_stage *st = stages + i;
-        lean_gemm(s, width, st->proj, st->proj_format, mixed, D, 1, width, D, 0);
-        float mean = 0.f, var = 0.f;
-        for (int d = 0; d < D; d++) {
-            mixed[d] = mixed[d] * state_weight + kv_at(st->emb, token * D + d, st->emb_bf16) * emb_weight;
-            mean += mixed[d];
-        }
-        mean /= D;
-        for (int d = 0; d < D; d++) var += (mixed[d] - mean) * (mixed[d] - mean);
-        float inv = 1.0f / sqrtf(var / D + st->eps);
-        for (int d = 0; d < D; d++) s[d] = gelu((mixed[d] - mean) * inv * st->norm_weight[d] + st->norm_bias[d]);
-        width = D;
-        if (states) memcpy(states + (int64_t)i * D, s, (size_t)D * sizeof(float));
-        lean_gemm(s, D, st->head, st->head_format, logits, N, 1, D, N, 0);
-        float top;
-        int64_t arg;
-        row_max_arg(logits, 0, N, 0, &top, &arg);
-        token = vocab_ids ? vocab_ids[arg] : arg;
-        drafts[i] = token;
     }
 }
