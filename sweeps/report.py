@@ -252,7 +252,7 @@ def stale_blocks(root: Path) -> list[str]:
 
 def record_rows(runs_dir: Path, scoring: str, command: str) -> list[dict]:
     """One scoring of every run in runs_dir, in the runs table's order, on this machine."""
-    from speclab.speculator.runtime.native import cpu_info  # the machine the record is written on
+    from speclab.kernels.native import cpu_info  # the machine the record is written on
 
     model, flags = cpu_info()
     rows = load_rows(runs_dir)
