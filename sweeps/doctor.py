@@ -19,7 +19,7 @@ import argparse
 import json
 import os
 
-from .errors import CliError
+from .errors import CliError, user_errors
 
 # The CPU flags that decide which kernels a build has (native.c), in the order they extend.
 SIMD_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_tile", "amx_bf16")
@@ -43,7 +43,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         raise CliError("--target is measured: give --measure with it")
     lib = native.load()
     if args.measure:  # a target's setup measures the kernel choices too, where it reads them
-        profile = args.target and prepare_machine(target_config(args.target), remeasure=True)
+        with user_errors():  # a target config that does not build says why in one line
+            profile = args.target and prepare_machine(target_config(args.target), remeasure=True)
         profile = profile or measure_profile(lib, remeasure=True)
     else:
         profile = recorded_profile(lib) or empty_profile(lib)
