@@ -76,8 +76,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    from speclab.speculator.target.measure import prepare_for
     from speclab.speculator.targets import smollm2_from_gguf
 
+    prepare_for(smollm2_from_gguf, {"dtype": args.dtype})  # the machine profile this build reads
     target = smollm2_from_gguf(dtype=args.dtype)
     print(f"load {os.getloadavg()[0]:.2f}, {torch.get_num_threads()} threads, dtype {target.dtype}, "
           f"context {args.context}")

@@ -8,9 +8,10 @@ little more than one; a CPU pays nearly per token).
 1. The verification-cost curve: ms for the target to verify n tokens after a prompt, for
    each n of `cost_lengths`, through the target's public call (a tree mask that is a chain,
    so tree verification's own path is timed), median of `cost_repeats`. It is a property of
-   the target and the machine, not of the speculator: measured once per target, dtype,
-   runtime and machine (kernels/util/machine_records.py) and reused by every later run
-   (`cost_cache: false` measures it every run); result.json says which.
+   the target and the machine, not of the speculator: part of the machine profile
+   (speculator/target/profile.py), measured once per target, dtype, runtime and machine by
+   its measuring step and reused by every later run (`cost_cache: false` measures it every
+   run); result.json says which.
 2. The tree's size from the curve: its budget is the largest n verified within
    `cost_slack` x the cost of one token (beyond that, every extra node costs more than it is
    likely to earn), depth and top_k from the config, depth capped at the budget. A
@@ -40,24 +41,21 @@ final score, so no candidate is scored on what another one decoded.
 
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
 
-from speclab.kernels.util import machine_records
 from speclab.speculator.base import Speculator
 from speclab.speculator.runtime.fast_linear import native_drafting
 from speclab.speculator.target import FrozenTarget
+from speclab.speculator.target.measure import recorded_verify_cost, verification_cost, verify_cost
 
 from .engine import effective_draft_len, generate_speculative
 from .tree import TreeConfig, generate_tree
 
 WARMUP_TOKENS = 4  # an untimed run per candidate: first calls of a shape are slower
 COST_CONTEXT = 128  # cached tokens the remembered curve is measured after (the prompt's tokens, tiled)
-COST_RECORDS = "verify-cost"  # the speclab cache folder of remembered curves
 METHOD_KEYS = ("kind", "k", "shape", "depth", "top_k", "budget")  # what names a drafting method
 
 
@@ -101,50 +99,17 @@ class MethodConfig:
             raise ValueError(f"eval.method.tie must be in [0, 1), got {self.tie!r}")
 
 
-@torch.no_grad()
-def verification_cost(target: FrozenTarget, prompt: torch.Tensor, lengths: list[int], repeats: int) -> dict[int, float]:
-    """{n: median ms to verify n tokens after prompt [1, T]}, each as a chain-shaped tree."""
-    # The measuring context is the prompt's, cut to leave room for the longest pass.
-    prompt = prompt[:, -(target.context_length - max(lengths)):]
-    cache = target.new_cache(max_len=prompt.shape[1] + max(lengths))
-    target(prompt.to(target.device), cache, logits_for="last")
-    past, out = prompt.shape[1], {}
-    for n in sorted(set(lengths)):
-        ids = prompt[:, -1:].to(target.device).repeat(1, n)  # [1, n]: the tokens do not change the cost
-        mask = target.tree_mask(torch.ones(n, n, dtype=torch.bool).tril(), past)
-        positions = past + torch.arange(n, device=target.device)[None]  # [1, n]
-        times = []
-        for attempt in range(repeats + 1):  # the first call of a shape is a warm-up
-            start = time.perf_counter()
-            target(ids, cache, logits_for="all", attention_mask=mask, position_ids=positions)
-            if target.device.type == "cuda":
-                torch.cuda.synchronize(target.device)
-            if attempt:
-                times.append((time.perf_counter() - start) * 1e3)
-            FrozenTarget.rollback(cache, n)
-        out[n] = statistics.median(times)
-    return out
-
-
 def cost_curve(target: FrozenTarget, prompt: torch.Tensor, cfg: MethodConfig) -> tuple[dict[int, float], str]:
-    """(the verification-cost curve, where it came from): remembered per target and machine
-    where cfg.cost_cache, else measured after this prompt."""
+    """(the verification-cost curve, where it came from): the machine profile's where
+    cfg.cost_cache (measured by its step and recorded where it holds none), else measured
+    after this prompt."""
     if not cfg.cost_cache:
         return verification_cost(target, prompt, cfg.cost_lengths, cfg.cost_repeats), "measured"
-    key = [target.name, target.model.config.to_json_string(), str(target.dtype), target.runtime, str(target.device),
-           sorted(set(cfg.cost_lengths)), cfg.cost_repeats, COST_CONTEXT]
-    record = machine_records.read(COST_RECORDS, key)
-    if record is not None:
-        try:
-            return {int(n): float(ms) for n, ms in record["verify_cost_ms"].items()}, "measured earlier on this machine"
-        except (KeyError, TypeError, ValueError, AttributeError):
-            pass  # unreadable: measure again
+    recorded = recorded_verify_cost(target, cfg.cost_lengths, cfg.cost_repeats, COST_CONTEXT)
+    if recorded is not None:
+        return recorded, "measured earlier on this machine"
     context = prompt[:, -1:].new_tensor(prompt[0].tolist() * (COST_CONTEXT // prompt.shape[1] + 1))[None, :COST_CONTEXT]
-    cost = verification_cost(target, context, cfg.cost_lengths, cfg.cost_repeats)
-    machine_records.write(COST_RECORDS, key, {"verify_cost_ms": {str(n): ms for n, ms in cost.items()},
-                                               "target": target.name, "runtime": target.runtime,
-                                               "machine": machine_records.machine_name()})
-    return cost, "measured"
+    return verify_cost(target, context, cfg.cost_lengths, cfg.cost_repeats), "measured"
 
 
 def tree_for(cost: dict[int, float], cfg: MethodConfig, speculator: Speculator) -> TreeConfig:

@@ -127,10 +127,12 @@ def batched_tok_s(target, batch: int, new_tokens: int = 64) -> dict[str, float]:
 
 
 def run(dtypes: list[str], widths: list[int], batches: list[int]) -> dict:
+    from speclab.speculator.target.measure import prepare_for
     from speclab.speculator.targets import smollm2_from_gguf
 
     report = {"machine": machine(), "context": CONTEXT, "read_bandwidth_gb_s": read_bandwidth_gb_s(), "dtypes": {}}
     for dtype in dtypes:
+        prepare_for(smollm2_from_gguf, {"dtype": dtype})  # the machine profile this build reads
         target = smollm2_from_gguf(dtype=dtype)
         nbytes = weight_bytes(target)
         lean, hf = pass_ms(target, widths, "lean"), pass_ms(target, widths, "hf")

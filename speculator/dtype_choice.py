@@ -3,30 +3,24 @@
 A CPU flag says what the hardware could do, not what the software stack makes of it: on
 one AVX-512-BF16 machine transformers' bf16 decode step was slower than its fp32 one. So
 `auto` times the decode step itself (a short prefill, then single-token steps, each dtype
-alternately) through the runtime the target will use, keeps the faster, and remembers the
-answer per machine, model and software versions under the speclab cache, so later loads
-cost nothing. CUDA takes bf16 without measuring.
+alternately) through the runtime the target will use and keeps the faster. The timing is
+the machine profile's measuring step (speclab.speculator.target.measure), done once per
+machine, kernel build and target and recorded in the profile; a target builder reads the
+answer (profile.auto_dtype) and never times. CUDA takes bf16 without measuring.
 """
 
 from __future__ import annotations
 
 import copy
-import logging
 import statistics
 import time
 
 import torch
 
-from speclab.kernels.util import machine_records
+from speclab.speculator.target import FrozenTarget
+from speclab.speculator.target.profile import DTYPES, MachineProfile
 
-log = logging.getLogger(__name__)
-CANDIDATES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-RECORDS = "dtype-choice"  # the speclab cache folder of the remembered choices (machine_records.py)
 PREFILL, STEPS, ROUNDS = 64, 6, 3
-
-
-def _key(model, name: str, runtime: str) -> list:
-    return [name, model.config.to_json_string(), runtime, 1]
 
 
 def _step_ms(target) -> float:
@@ -43,25 +37,15 @@ def _step_ms(target) -> float:
     return statistics.median(times) * 1e3
 
 
-def measured_dtype(model, name: str, runtime: str, device: str, lean_backend: str = "auto") -> tuple[torch.dtype, dict]:
-    """(fastest dtype, a record of how it was chosen) for `model` (any dtype) on this machine."""
-    if device.startswith("cuda"):
-        return torch.bfloat16, {"requested": "auto", "source": "cuda default"}
-    key = _key(model, name, f"{runtime}/{lean_backend}")
-    record = machine_records.read(RECORDS, key)
-    if record is not None and record.get("fastest") in CANDIDATES:
-        return CANDIDATES[record["fastest"]], {**record, "source": "measured earlier on this machine"}
-    from .target import FrozenTarget
-
-    targets = {key: FrozenTarget(copy.deepcopy(model).to(dtype=dt), None, name, runtime=runtime, lean_backend=lean_backend)
-               for key, dt in CANDIDATES.items()}
+def time_dtypes(model, name: str, runtime: str, lean_backend: str, profile: MachineProfile) -> dict[str, float]:
+    """Best ms of a decode step of `model` (any dtype) in each of DTYPES, the dtypes
+    alternated so that a burst of load hits both; the decoders built with `profile`'s
+    kernel choices."""
+    targets = {key: FrozenTarget(copy.deepcopy(model).to(dtype=dt), None, name, runtime=runtime,
+                                 lean_backend=lean_backend, profile=profile)
+               for key, dt in DTYPES.items()}
     samples: dict[str, list[float]] = {key: [] for key in targets}
-    for _ in range(ROUNDS):  # alternated, so a burst of load hits both
+    for _ in range(ROUNDS):
         for key, target in targets.items():
             samples[key].append(_step_ms(target))
-    ms = {key: round(min(v), 3) for key, v in samples.items()}
-    fastest = min(ms, key=ms.get)
-    record = {"requested": "auto", "fastest": fastest, "decode_step_ms": ms, "machine": machine_records.machine_name()}
-    machine_records.write(RECORDS, key, record)
-    log.info("dtype auto: %s (decode step ms %s)", fastest, ms)
-    return CANDIDATES[fastest], {**record, "source": "measured"}
+    return {key: round(min(v), 3) for key, v in samples.items()}

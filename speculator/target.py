@@ -17,7 +17,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal, Sequence
+
+# The folder target/ (the machine profile) is this module's package path until the target's
+# modules join it there: `speclab.speculator.target.profile` then names the same file.
+__path__ = [str(Path(__file__).with_name("target"))]
 
 import torch
 from torch import nn
@@ -26,6 +31,8 @@ from transformers import DynamicCache
 from .runtime.cache import StaticKVCache
 from .runtime.config import UnsupportedModel
 from .runtime.model import LeanDecoder
+from .runtime.ops import native_lib
+from speclab.speculator.target.profile import KernelChoices, MachineProfile, kernel_choices
 
 log = logging.getLogger(__name__)
 RUNTIMES = ("lean", "hf")
@@ -42,7 +49,9 @@ class FrozenTarget(nn.Module):
     """A causal LM in eval mode with no gradients, plus the helpers decoding needs."""
 
     def __init__(self, model: nn.Module, tokenizer, name: str, runtime: str = "lean", lean_backend: str = "auto",
-                 compile: bool = False):
+                 compile: bool = False, profile: MachineProfile | None = None):
+        """profile: the machine profile whose kernel choices the lean runtime is built with
+        (default: the one recorded for this machine; profile.py). Nothing is timed here."""
         super().__init__()
         if runtime not in RUNTIMES:
             raise ValueError(f"unknown target runtime {runtime!r}; valid: {', '.join(RUNTIMES)}")
@@ -58,7 +67,12 @@ class FrozenTarget(nn.Module):
         self.lean: LeanDecoder | None = None
         if runtime == "lean":
             try:
-                self.lean = LeanDecoder(self.model, lean_backend, compile)
+                lib = native_lib(self.device, lean_backend)
+                # fp32 weights read neither choice: only a bf16 target looks them up
+                bf16 = lib is not None and self.dtype == torch.bfloat16
+                kernels = kernel_choices(lib, profile) if bf16 else KernelChoices()
+                self.lean = LeanDecoder(self.model, lean_backend, compile, bf16_path=kernels.bf16_path,
+                                        wide=kernels.wide)
             except UnsupportedModel as exc:
                 log.warning("%s: the lean runtime does not run this model (%s); using transformers", name, exc)
 

@@ -20,8 +20,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 
 from speclab.kernels.util.cache_lock import build_lock, cache_root, publish_dir, work_dir_for
 
-from .dtype_choice import measured_dtype
 from .target import FrozenTarget
+from speclab.speculator.target.profile import auto_dtype
 from .tiny_tokenizer import build_tiny_tokenizer
 
 log = logging.getLogger(__name__)
@@ -49,10 +49,11 @@ def resolve_dtype(name: str, device: str = "cpu") -> torch.dtype:
 def _finish(model, tokenizer, name: str, dtype: str, device: str, runtime: str = "lean",
             lean_backend: str = "auto", compile: bool = False) -> FrozenTarget:
     """Move the model to its device and dtype and wrap it. `auto` is the dtype whose decode
-    step this machine runs fastest (measured once per machine and model; dtype_choice.py)."""
+    step this machine runs fastest, as the machine profile records it (measured once per
+    machine and model by its measuring step, dtype_choice.py; read here, never timed)."""
     model = model.to(device=device)
     if dtype == "auto":
-        chosen, record = measured_dtype(model, name, runtime, device, lean_backend)
+        chosen, record = auto_dtype(model, name, runtime, lean_backend, device)
     else:
         chosen, record = resolve_dtype(dtype, device), {"requested": dtype, "source": "config"}
     target = FrozenTarget(model.to(dtype=chosen), tokenizer, name, runtime=runtime, lean_backend=lean_backend,

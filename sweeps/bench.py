@@ -100,6 +100,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from speclab.speculator.base import TargetInfo
     from speclab.speculator.families import load_speculator
 
+    from .doctor import prepare_machine
     from .errors import user_errors
     from .target_spec import recorded_target
 
@@ -113,6 +114,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         sets = prompt_sets(args)
         if args.threads:
             torch.set_num_threads(args.threads)
+        prepare_machine(target_config)  # what the target's build reads, measured where not recorded
         target = target_spec.build()
         info = TargetInfo.of(target)
         speculators = {}

@@ -7,6 +7,7 @@
     speclab bench --speculator DIR [--assistant DIR] [--prompts FILE] [...]   peers side by side (bench.py)
     speclab sweep NAME [HYDRA OVERRIDES]  the predefined sweep configs/sweep/NAME.yaml
     speclab dashboard [--runs DIR] [--port PORT] [--host HOST]   live results page
+    speclab doctor [--measure] [--json] [--target NAME]   the machine profile (doctor.py)
 
 Mistakes a user can fix (a missing directory, no runs, a bad metric) print one line to
 stderr and exit with status 2, without a traceback; bugs keep their traceback.
@@ -21,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from . import bench
+from . import bench, doctor
 from .errors import USAGE_ERROR, CliError, user_errors
 from .index import METRICS, rebuild
 from .results import find_speculator_checkpoint, write_json_atomic
@@ -42,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("train", help="one experiment: Hydra overrides, -m for a multirun", add_help=False)
     commands.add_parser("sweep", help="the predefined sweep configs/sweep/NAME.yaml: NAME [HYDRA OVERRIDES]", add_help=False)
     bench.add_parser(commands)
+    doctor.add_parser(commands)
     from .dashboard.cli import add_dashboard_parser  # the logic lives in sweeps/dashboard/
     add_dashboard_parser(commands)
 
@@ -162,6 +164,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         target_spec = recorded_target(checkpoint, args.overrides)  # plain data, schema-checked
         target_config = target_spec.as_config()
         prompts = eval_prompts(args.prompts, args.limit)
+        doctor.prepare_machine(target_config)  # what the target's build reads, measured where not recorded
         target = target_spec.build()
         speculator = load_checkpoint(checkpoint, TargetInfo.of(target))  # speclab or an export layout
         encoded = [encode_prompt(target.tokenizer, item, chat_template=args.chat_template).to(target.device)
@@ -231,4 +234,4 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"runs": cmd_runs, "export": cmd_export, "eval": cmd_eval, "dashboard": cmd_dashboard,
-            "bench": bench.cmd_bench}
+            "bench": bench.cmd_bench, "doctor": doctor.cmd_doctor}

@@ -27,6 +27,8 @@ from speclab.eval.prompts import humaneval_prompts
 from speclab.training.data import DataConfig, build_dataset
 from speclab.training.features import build_feature_store, cache_report
 
+from .doctor import prepare_machine
+
 SOURCES = ("self_distill", "code_prompts", "code_corpus")
 
 
@@ -61,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = compose("config", overrides=args.overrides)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    prepare_machine(OmegaConf.to_container(cfg.target, resolve=True))  # what the target's build reads
     target = instantiate(cfg.target)
     exclude = [p["prompt"] for p in humaneval_prompts()]  # as the experiment keeps mined prompts apart
     with tempfile.TemporaryDirectory(prefix="data-rate-") as tmp:

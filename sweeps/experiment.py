@@ -34,6 +34,7 @@ from speclab.training.ranks import configured_world_size
 from speclab.training.train import fit
 from speclab.training.loggers import log_final
 
+from .doctor import prepare_machine
 from .results import new_result, one_line_error, weights_sha256, write_result
 
 log = logging.getLogger(__name__)
@@ -173,6 +174,10 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict:
     try:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
+        # The machine's choices the target's build reads (its kernels' paths, `dtype: auto`),
+        # measured here where no record holds them: every later build, the training
+        # children's included, reads the record.
+        prepare_machine(OmegaConf.to_container(cfg.target, resolve=True))
         seed_everything(cfg.seed)
         if issubclass(speculator_class(cfg.speculator.family), TrainingFree):
             target, speculator, heldout = untrained(cfg, run_dir, result)

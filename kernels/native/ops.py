@@ -7,7 +7,8 @@
 Activations are fp32 [M, width] row-major (M = batch rows x new tokens); weights are fp32
 or bf16, read as fp32 (a bf16 weight widens exactly). Where the CPU may multiply bf16 pairs
 (AVX512-BF16 vdpbf16ps, or AMX tiles) and that is the faster path on it
-(`NativeOps.bf16_path`, pair_choice.py), a GEMM over bf16 weights first rounds its input rows
+(`NativeOps.bf16_path`: measured by pair_choice.py's probe, recorded in the machine profile and
+passed in as data), a GEMM over bf16 weights first rounds its input rows
 to bf16; `TorchOps(round_bf16_inputs=True)` is those paths' reference. Shapes are in the
 comments.
 """
@@ -47,15 +48,12 @@ def _ptr(t: torch.Tensor | None):
 class NativeOps:
     name = "native"
 
-    def __init__(self, lib, bf16_path: str | None = None):
-        """bf16_path: how bf16 weights are multiplied (BF16_PATHS), or None: this machine's
-        faster path (pair_choice.py)."""
+    def __init__(self, lib, bf16_path: str = "widened"):
+        """bf16_path: how bf16 weights are multiplied (BF16_PATHS); the default is the path
+        every build has. Which is fastest on this machine is data from the machine profile
+        (speclab.speculator.target.profile), never timed here."""
         self.lib = lib
         self.width = lib.lean_pack_width()
-        if bf16_path is None:
-            from .pair_choice import fastest_bf16_path
-
-            bf16_path = fastest_bf16_path(lib)
         if bf16_path not in bf16_paths(lib):
             raise ValueError(f"this build of the lean kernels has no {bf16_path!r} bf16 path here "
                              f"(pairs need AVX512-BF16, amx AMX tiles); it has {bf16_paths(lib)}")
@@ -223,14 +221,22 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
 
 
-def backend(device: torch.device, weight_dtype: torch.dtype, choice: str = "auto"):
-    """`auto`: the native kernels on CPU where they build, torch ops otherwise."""
+def native_lib(device: torch.device, choice: str = "auto"):
+    """The native kernels' library the backend `choice` runs on this device, or None (torch
+    ops): `auto` takes the kernels on CPU where they build."""
     if choice not in ("auto", "native", "torch"):
         raise ValueError(f"unknown lean backend {choice!r}; valid: auto, native, torch")
     lib = native.load() if device.type == "cpu" and choice != "torch" else None
     if choice == "native" and lib is None:
         raise RuntimeError("the native lean kernels are unavailable (CPU only, needs a C compiler)")
+    return lib
+
+
+def backend(device: torch.device, weight_dtype: torch.dtype, choice: str = "auto", bf16_path: str = "widened"):
+    """`auto`: the native kernels on CPU where they build (multiplying bf16 weights on
+    bf16_path), torch ops otherwise."""
+    lib = native_lib(device, choice)
     if lib is not None:
-        return NativeOps(lib)
+        return NativeOps(lib, bf16_path)
     # CPU: fp32 products as the kernels compute them; GPU: the weights' own dtype (tensor cores).
     return TorchOps(torch.float32 if device.type == "cpu" else weight_dtype)

@@ -1,4 +1,4 @@
-"""Which bf16 GEMM path decoding and verification take on this machine: measured once, remembered.
+"""Which bf16 GEMM path decoding and verification take on this machine: the probe and the rule.
 
 native.c multiplies bf16 weights one of three ways (ops.BF16_PATHS): widened to fp32 and
 multiplied with fp32 FMAs (every build); as bf16 pairs with vdpbf16ps, the input rows
@@ -10,30 +10,27 @@ every pass width (docs/results.md).
 
 The paths give slightly different numbers (bf16-rounded or full fp32 inputs, and different
 summation orders). Each is batch-invariant, so decoding is lossless on any of them, but the
-choice is remembered per machine and kernel build (machine_records.py) so that every process
-on a machine computes the same bits. SPECLAB_BF16_PATH=widened, pairs or amx overrides it.
+choice is measured once per machine and kernel build, by the machine profile's measuring
+step (speclab.speculator.target.measure), and recorded in the profile, so that every process
+on a machine computes the same bits; NativeOps takes it as an argument.
+SPECLAB_BF16_PATH=widened, pairs or amx overrides it.
 """
 
 from __future__ import annotations
 
-import logging
 import os
-from functools import lru_cache
 
 import torch
 
-from ..util import machine_records
 from ..util.timing import alternated_ms
 from .bf16 import BF16_PATHS, bf16_paths
+from .ops import NativeOps
 
-log = logging.getLogger(__name__)
-RECORDS = "bf16-gemm-path"  # the speclab cache folder of the remembered choices
 # A 9-token verification and a 1-token step through SmolLM2's MLP up-projection, over
 # COPIES distinct copies of its weights (3.5 MB each in bf16, 57 MB in all) so that, as in a
 # real pass, they stream from memory: with one copy in cache the AMX tiles' 1-row step
 # looked 1.6x slower than vdpbf16ps's, while in SmolLM2's passes the two tie at one token.
 PROBE_ROWS, PROBE_OUT, PROBE_IN, COPIES = (1, 9), 3072, 576, 16
-RECORD_KEY = [PROBE_ROWS, PROBE_OUT, PROBE_IN, COPIES]  # the record's key beside the machine's own (machine_records)
 ROUNDS, CALLS = 7, 2
 OVERRIDE = "SPECLAB_BF16_PATH"
 # The paths chosen among automatically. AMX tiles only by the override: on an AMX Xeon they
@@ -44,36 +41,32 @@ OVERRIDE = "SPECLAB_BF16_PATH"
 CANDIDATES = ("widened", "pairs")
 
 
-@lru_cache(maxsize=None)
-def fastest_bf16_path(lib) -> str:
-    """The path (ops.BF16_PATHS) this machine should multiply bf16 weights on."""
-    available = [p for p in bf16_paths(lib) if p in CANDIDATES]
+def forced_path() -> str | None:
+    """The path SPECLAB_BF16_PATH names, or None (NativeOps refuses one a build lacks,
+    naming those it has)."""
     forced = os.environ.get(OVERRIDE)
-    if forced is not None:
-        if forced not in BF16_PATHS:
-            raise ValueError(f"{OVERRIDE} must be one of {', '.join(BF16_PATHS)}; got {forced!r}")
-        return forced  # NativeOps refuses one this build lacks, naming those it has
-    if len(available) == 1:
-        return available[0]
-    record = machine_records.read(RECORDS, RECORD_KEY)
-    if record is not None and record.get("path") in available and sorted(record.get("probe_ms", {})) == sorted(available):
-        return record["path"]
-    ms = time_paths(lib)
-    path = min(ms, key=ms.get)
-    machine_records.remember(RECORDS, RECORD_KEY, {"path": path, "probe_ms": ms, "machine": machine_records.machine_name()}, "the bf16 GEMM path")
-    log.info("bf16 GEMMs: %s (probe ms %s)", path, ms)
-    return path
+    if forced is not None and forced not in BF16_PATHS:
+        raise ValueError(f"{OVERRIDE} must be one of {', '.join(BF16_PATHS)}; got {forced!r}")
+    return forced
+
+
+def candidates(lib) -> list[str]:
+    """The paths this build has that are chosen among by measuring."""
+    return [p for p in bf16_paths(lib) if p in CANDIDATES]
+
+
+def choose(ms: dict[str, float]) -> str:
+    """The path whose probe ran fastest."""
+    return min(ms, key=ms.get)
 
 
 def time_paths(lib) -> dict[str, float]:
     """Median ms of the probe (a 1-row and a 9-row GEMM over each copy of the weights) on
     each path this machine has, the paths alternated so that a burst of load hits them all."""
-    from .ops import NativeOps
-
     g = torch.Generator().manual_seed(0)
     weights = [(torch.randn(PROBE_OUT, PROBE_IN, generator=g) * 0.02).to(torch.bfloat16) for _ in range(COPIES)]
     xs = [torch.randn(rows, PROBE_IN, generator=g) for rows in PROBE_ROWS]
-    paths = {name: NativeOps(lib, bf16_path=name) for name in bf16_paths(lib) if name in CANDIDATES}
+    paths = {name: NativeOps(lib, bf16_path=name) for name in candidates(lib)}
     packed = {name: [ops.pack(w) for w in weights] for name, ops in paths.items()}
 
     def probe(name: str):

@@ -8,7 +8,9 @@ prefill or a 32-row generation step is compute-bound instead, and CPUs with AMX 
 them: native.c's own tile GEMM (`amx`: the whole layer stack in one call, as decoding runs
 it) and torch's bf16 GEMM (`torch`, oneDNN: a Python call per linear). Elsewhere both are
 slower than the decoding path, so whether, on which engine and from how many rows is
-measured once per machine and remembered (machine_records.py), like pair_choice.py's choice.
+measured once per machine and kernel build by the machine profile's measuring step
+(speclab.speculator.target.measure, with `time_paths` and `choose` below), recorded in the
+profile, and handed to the decoder as data, like pair_choice.py's choice.
 
 A wide engine's rows are not bit-for-bit what the decoding path computes (inputs rounded to
 bf16, another summation order), so a pass uses it only when its caller allows
@@ -21,20 +23,15 @@ SPECLAB_WIDE_GEMM=0 turns it off; SPECLAB_WIDE_GEMM=<rows> forces it from that m
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass
-from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
 
-from .. import native
-from ..util import machine_records
 from ..util.timing import alternated_ms
+from .ops import NativeOps
 
-log = logging.getLogger(__name__)
-RECORDS = "wide-gemm"  # the speclab cache folder of the remembered choices
 # SmolLM2's MLP up-projection (gate and up fused) at the widths the choice can start from.
 PROBE_ROWS, PROBE_OUT, PROBE_IN = (16, 32, 64, 128), 3072, 576
 ROUNDS, CALLS = 5, 4
@@ -46,7 +43,6 @@ ROUNDS, CALLS = 5, 4
 # tokens 1.3x faster (docs/results.md). The AMX engine's layers are one call, as the head.
 HEAD_MARGIN, LAYER_MARGIN = 0.8, 0.6
 ENGINES = ("amx", "torch")
-RECORD_KEY = [PROBE_ROWS, PROBE_OUT, PROBE_IN, HEAD_MARGIN, LAYER_MARGIN, ENGINES]
 
 
 @dataclass(frozen=True)
@@ -80,64 +76,34 @@ class WideLinear:
         return out.add_(y)
 
 
-def wide_choice(native_ops) -> WideChoice:
-    """This machine's choice for passes that allow the wide GEMM (none unless the native
-    kernels are in use: the torch backend is torch's GEMM already)."""
-    if native_ops is None or native_ops.name != "native":
-        return WideChoice()
+def forced_choice(lib) -> WideChoice | None:
+    """The choice SPECLAB_WIDE_GEMM forces (0: never; a row count: from that many rows, on
+    AMX tiles where the build has them, else torch's GEMM), or None."""
     forced = os.environ.get("SPECLAB_WIDE_GEMM")
-    if forced is not None:
-        if not forced.isdigit():
-            raise ValueError(f"SPECLAB_WIDE_GEMM must be 0 (off) or a row count, got {forced!r}")
-        if not int(forced):
-            return WideChoice()
-        return WideChoice(int(forced), int(forced), "amx" if _has_amx(native_ops.lib) else "torch")
-    return _measured_choice(native_ops.lib, native_ops.bf16_path)
+    if forced is None:
+        return None
+    if not forced.isdigit():
+        raise ValueError(f"SPECLAB_WIDE_GEMM must be 0 (off) or a row count, got {forced!r}")
+    if not int(forced):
+        return WideChoice()
+    return WideChoice(int(forced), int(forced), "amx" if _has_amx(lib) else "torch")
 
 
 def _has_amx(lib) -> bool:
     return bool(getattr(lib, "lean_amx", lambda: 0)())
 
 
-def record_key(lib, bf16_path: str) -> list:
-    """A choice's key beside the machine's own: the probe, the decoding path it was measured
-    against, and the library measured (native.lib_build)."""
-    return RECORD_KEY + [bf16_path, native.lib_build(lib)]
-
-
-def _rows(record: dict, key: str) -> int | None:
-    value = record.get(key)
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-        raise ValueError(f"{key}={value!r}")
-    return value
-
-
-@lru_cache(maxsize=None)
-def _measured_choice(lib, bf16_path: str) -> WideChoice:
-    """bf16_path: the decoding path's GEMM (ops.BF16_PATHS) the engines are measured against."""
-    key = record_key(lib, bf16_path)
-    record = machine_records.read(RECORDS, key)
-    if record is not None and _has_amx(lib) and "amx" not in (record.get("probe_ms") or {}):
-        # The key names the build, so this is a process of the same build that could not use
-        # the tiles (the kernel asks Linux for them): its record must not keep an AMX machine
-        # on torch's GEMM (739-759 tok/s of batched generation against 1072-1105, docs/results.md).
-        log.warning("the wide-GEMM record did not probe this build's AMX engine: measuring again")
-        record = None
-    if record is not None:
-        try:
-            engine = record.get("engine")
-            if engine not in ENGINES or (engine == "amx" and not _has_amx(lib)):
-                raise ValueError(f"engine={engine!r}")
-            return WideChoice(_rows(record, "head_rows"), _rows(record, "layer_rows"), engine)
-        except ValueError as exc:
-            log.warning("ignoring a malformed wide-GEMM record (%s): measuring again", exc)
-    ms = time_paths(lib, bf16_path)
-    choice = choose(ms)
-    machine_records.remember(RECORDS, key, {"engine": choice.engine, "head_rows": choice.head_rows,
-                                             "layer_rows": choice.layer_rows, "probe_ms": ms,
-                                             "machine": machine_records.machine_name()}, "the wide-pass GEMM choice")
-    log.info("wide passes: %s (probe ms %s)", choice, ms)
-    return choice
+def record_problem(lib, engine: str, probe_ms: dict) -> str | None:
+    """Why a recorded choice does not fit `lib` (None where it does): an AMX engine on a build
+    without the tiles, or a choice that never probed this build's AMX engine. The record is
+    keyed by the build, so the second is a process of the same build that could not use the
+    tiles (the kernel asks Linux for them): it must not keep an AMX machine on torch's GEMM
+    (739-759 tok/s of batched generation against 1072-1105, docs/results.md)."""
+    if engine == "amx" and not _has_amx(lib):
+        return "names the AMX engine, which this build lacks"
+    if _has_amx(lib) and "amx" not in (probe_ms or {}):
+        return "did not probe this build's AMX engine"
+    return None
 
 
 def choose(ms: dict[str, dict[str, float]]) -> WideChoice:
@@ -157,8 +123,6 @@ def choose(ms: dict[str, dict[str, float]]) -> WideChoice:
 def time_paths(lib, bf16_path: str) -> dict[str, dict[str, float]]:
     """Median ms per probe width on the decoding path (`native`, its GEMM on bf16_path) and
     each engine this machine has, the paths alternated so that a burst of load hits all."""
-    from .ops import NativeOps
-
     g = torch.Generator().manual_seed(0)
     w = (torch.randn(PROBE_OUT, PROBE_IN, generator=g) * 0.02).to(torch.bfloat16)
     ops = NativeOps(lib, bf16_path=bf16_path)

@@ -1,7 +1,7 @@
 """Measurements remembered per machine and software stack, under the speclab cache.
 
-Some choices are made by timing this machine (the dtype a target decodes fastest in, the
-target's verification-cost curve), and the timing is worth doing once, not on every run.
+Some choices are made by timing this machine (the machine profile, speculator/target/profile.py;
+the training precision), and the timing is worth doing once, not on every run.
 A record is keyed by everything that changes the timing: the CPU and its flags, the thread
 count, torch's and transformers' versions, the lean kernels' build (their source and
 flags), and what the caller adds (the model, the runtime, the lengths). A record is
@@ -45,10 +45,14 @@ def _path(kind: str, parts: list) -> Path:
 
 
 def read(kind: str, parts: list) -> dict | None:
-    """The record stored for these key parts, or None (absent or unreadable)."""
+    """The record stored for these key parts, or None: absent, or unreadable (said in one line)."""
+    path = _path(kind, parts)
     try:
-        record = json.loads(_path(kind, parts).read_text())
-    except (OSError, ValueError):
+        record = json.loads(path.read_text())
+    except OSError:
+        return None
+    except ValueError as exc:
+        log.warning("ignoring the unreadable record %s (%s): it is measured again", path.name, exc)
         return None
     return record if isinstance(record, dict) else None
 

@@ -16,7 +16,8 @@ own: scoring passes the target's, so a drafter loaded in fp32 reads bf16 weights
 bf16 target, as the target's own layers do (fp32 activations and sums either way). Why: a
 draft step streams its weights from memory, the target's pass having just evicted them,
 and fp32 doubles those bytes. On an AMX Xeon the 1M-token `mlp` drafted 1.38-1.50 -> 1.11-1.13
-ms per step with the same drafts (docs/results.md).
+ms per step with the same drafts (docs/results.md). bf16 weights are multiplied on the
+machine profile's bf16 GEMM path, the target's own (speclab.speculator.target.profile).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from torch import nn
 
 from speclab.kernels import native
 from speclab.kernels.native.ops import NativeOps, Weight
+from speclab.speculator.target.profile import kernel_choices
 
 
 class _Packed:
@@ -59,8 +61,8 @@ class DraftingOps(NativeOps):
     """The native kernels, fp32 weights packed as bf16 where weight_dtype is bf16 (the
     kernels read fp32 and bf16; any other weight_dtype leaves weights as they are)."""
 
-    def __init__(self, lib, weight_dtype: torch.dtype | None):
-        super().__init__(lib)
+    def __init__(self, lib, weight_dtype: torch.dtype | None, bf16_path: str = "widened"):
+        super().__init__(lib, bf16_path)
         self.weight_dtype = weight_dtype if weight_dtype == torch.bfloat16 else None
 
     def pack(self, w: torch.Tensor, bias: torch.Tensor | None = None) -> Weight:
@@ -86,7 +88,7 @@ def native_drafting(module: nn.Module, weight_dtype: torch.dtype | None = None) 
         return
     lib = native.load()
     linears = [m for m in module.modules() if isinstance(m, nn.Linear)] if lib is not None else []
-    ops = DraftingOps(lib, weight_dtype) if lib is not None else None
+    ops = DraftingOps(lib, weight_dtype, kernel_choices(lib).bf16_path) if lib is not None else None
     cache = getattr(module, "_native_linear_packs", None)
     if cache is None and ops is not None:
         cache = {}

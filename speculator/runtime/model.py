@@ -21,7 +21,8 @@ records it), so features match the transformers path one for one.
 A pass whose caller allows it (`invariant=False`: prefills, batched generation) and that is
 wide enough runs its linear layers on a wide engine where this machine measured that faster
 (wide_gemm.py: native.c's AMX tiles, or torch's bf16 GEMM); every other pass is
-batch-invariant.
+batch-invariant. Which engine, and the bf16 GEMM path, are the machine profile's choices
+(speclab.speculator.target.profile), passed in as data: building a decoder times nothing.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import Literal, Sequence
 import torch
 
 from speclab.kernels.native.ops import NativeOps, Weight, backend
-from speclab.kernels.native.wide_gemm import WideChoice, WideLinear, wide_choice
+from speclab.kernels.native.wide_gemm import WideChoice, WideLinear
 
 from .cache import StaticKVCache
 from .config import LeanConfig, lean_config, rope_tables
@@ -58,20 +59,24 @@ class LeanOutput:
 
 
 class LeanDecoder:
-    def __init__(self, model, choice: str = "auto", compile: bool = False, ops=None):
+    def __init__(self, model, choice: str = "auto", compile: bool = False, ops=None, bf16_path: str = "widened",
+                 wide: WideChoice = WideChoice()):
         """model: a transformers Llama-family causal LM (lean_config says which). choice: the
         backend (ops.py); compile: torch.compile the torch backend's per-layer blocks (each
         pass width compiles once; the native backend is already fused C and ignores it);
-        ops: a backend object to use instead of `choice` (tests: the AVX2 build on any x86)."""
+        ops: a backend object to use instead of `choice` (tests: the AVX2 build on any x86).
+        bf16_path, wide: the native kernels' bf16 GEMM path and wide-pass choice (the machine
+        profile's, profile.kernel_choices; the defaults need no measurement)."""
         self.config: LeanConfig = lean_config(model.config)
         weights = model.lm_head.weight
         self.device, self.dtype = weights.device, weights.dtype
-        self.ops = ops if ops is not None else backend(self.device, self.dtype, choice)
+        self.ops = ops if ops is not None else backend(self.device, self.dtype, choice, bf16_path)
         self.compiled = compile and self.ops.name == "torch"
         if self.compiled:
             self._project, self._mlp = torch.compile(self._project, dynamic=False), torch.compile(self._mlp, dynamic=False)
-        # Wide passes need bf16 weights: on a bf16 GEMM an fp32 target would be rounded.
-        self.wide: WideChoice = wide_choice(self.ops) if self.dtype == torch.bfloat16 else WideChoice()
+        # Wide passes need bf16 weights (on a bf16 GEMM an fp32 target would be rounded) and
+        # the native kernels (the torch backend is torch's GEMM already).
+        self.wide: WideChoice = wide if self.dtype == torch.bfloat16 and self.ops.name == "native" else WideChoice()
         # Their engine: torch's GEMM (WideLinear copies, a Python call per linear), or native.c's
         # AMX tiles (a second packing of the weights, the whole stack in one call).
         self._wide_ops = NativeOps(self.ops.lib, bf16_path="amx") if self.wide.used and self.wide.engine == "amx" else None

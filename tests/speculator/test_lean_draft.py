@@ -13,6 +13,7 @@ from speclab.kernels import native
 from speclab.speculator.families import build_speculator
 from speclab.speculator.runtime import lean_draft
 from speclab.speculator.runtime.fast_linear import DraftingOps, native_drafting
+from speclab.speculator.target.profile import kernel_choices
 
 from test_families import SMALL, random_layers, target_info
 
@@ -114,13 +115,13 @@ def test_the_native_cache_grows_past_its_capacity(family, size):
 def test_weights_packed_as_bf16_draft_what_bf16_rounded_weights_draft(family):
     """native_drafting(spec, bf16), as scoring against a bf16 target runs an fp32 draft:
     every projection reads its weight rounded to bf16 (the norms and embeddings stay fp32).
-    Where this machine's bf16 path multiplies bf16 pairs (pair_choice.py: vdpbf16ps or AMX
+    Where this machine's bf16 path (its machine profile's) multiplies bf16 pairs (vdpbf16ps, AMX
     tiles), each projection's input rows are rounded to bf16 too; the reference does the
     same, so the test asserts what the path the machine chose computes."""
     info = target_info()
     spec = _speculator(family, 0, info)
     rounded = copy.deepcopy(spec)
-    rounds_input = DraftingOps(native.load(), torch.bfloat16).bf16_dot
+    rounds_input = DraftingOps(native.load(), torch.bfloat16, kernel_choices(native.load()).bf16_path).bf16_dot
     with torch.no_grad():
         for module in rounded.modules():
             if isinstance(module, torch.nn.Linear):

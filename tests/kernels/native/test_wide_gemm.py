@@ -17,6 +17,8 @@ from speclab.kernels import native
 from speclab.kernels.native import wide_gemm
 from speclab.kernels.native.wide_gemm import WideChoice, WideLinear
 from speclab.kernels.util import machine_records
+from speclab.speculator.target import profile
+from speclab.speculator.target.measure import measure_profile
 from speclab.speculator.targets import tiny_llama
 
 WIDE_REL = 0.02
@@ -33,9 +35,20 @@ class FakeOps:
 def fresh(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECLAB_CACHE", str(tmp_path))
     monkeypatch.delenv("SPECLAB_WIDE_GEMM", raising=False)
-    wide_gemm._measured_choice.cache_clear()
-    yield
-    wide_gemm._measured_choice.cache_clear()
+    monkeypatch.setattr(profile, "_measured", {})  # a new process
+
+
+def wide_choice(ops) -> WideChoice:
+    """The measuring step for the ops' build and bf16 path (each call a new process: the
+    record, or a measurement), then the choice a decoder built on them reads."""
+    measure_profile(ops.lib, bf16_path=ops.bf16_path)
+    return profile.kernel_choices(ops.lib, bf16_path=ops.bf16_path).wide
+
+
+def write_record(lib, path: str, wide: dict) -> None:
+    """A profile record for `lib` holding `wide` as its choice against bf16 path `path`."""
+    record = {**profile.empty_profile(lib).to_json(), "wide": {path: wide}}
+    machine_records.write(profile.RECORDS, profile.record_key(lib), record)
 
 
 def probe(ratios: dict[int, float]) -> dict:
@@ -47,37 +60,34 @@ def probe(ratios: dict[int, float]) -> dict:
 def test_each_part_starts_at_the_first_width_that_clearly_pays(fresh, monkeypatch):
     # The head needs torch under 0.8x native, the layers under 0.6x (the wide path's Python cost).
     monkeypatch.setattr(wide_gemm, "time_paths", lambda lib, path: probe({16: 0.9, 32: 0.7, 64: 0.5, 128: 0.3}))
-    assert wide_gemm.wide_choice(FakeOps()) == WideChoice(head_rows=32, layer_rows=64)
+    assert wide_choice(FakeOps()) == WideChoice(head_rows=32, layer_rows=64)
 
 
 def test_a_machine_where_torch_never_pays_keeps_the_native_gemm(fresh, monkeypatch):
     monkeypatch.setattr(wide_gemm, "time_paths", lambda lib, path: probe({}))
-    choice = wide_gemm.wide_choice(FakeOps())
+    choice = wide_choice(FakeOps())
     assert choice == WideChoice() and not choice.used
 
 
 def test_the_choice_is_measured_once_and_remembered(fresh, monkeypatch):
     calls = []
     monkeypatch.setattr(wide_gemm, "time_paths", lambda lib, path: calls.append(1) or probe({16: 0.5}))
-    assert wide_gemm.wide_choice(FakeOps()) == WideChoice(16, 16)
-    wide_gemm._measured_choice.cache_clear()  # a new process: the record, not a new measurement
+    assert wide_choice(FakeOps()) == WideChoice(16, 16)
     monkeypatch.setattr(wide_gemm, "time_paths", lambda lib, path: pytest.fail("measured twice"))
-    assert wide_gemm.wide_choice(FakeOps()) == WideChoice(16, 16) and calls == [1]
+    assert wide_choice(FakeOps()) == WideChoice(16, 16) and calls == [1]
 
 
 def test_a_record_that_never_probed_this_builds_amx_engine_is_measured_again(fresh, monkeypatch):
     calls = []
     monkeypatch.setattr(wide_gemm, "time_paths", lambda lib, path: calls.append(1) or probe({16: 0.5}))
-    assert wide_gemm.wide_choice(FakeOps()).engine == "torch"  # a build (or process) without the tiles
-    wide_gemm._measured_choice.cache_clear()
+    assert wide_choice(FakeOps()).engine == "torch"  # a build (or process) without the tiles
     monkeypatch.setattr(wide_gemm, "_has_amx", lambda lib: True)  # the same machine's next process has them
     with_amx = probe({16: 0.5})
     with_amx["amx"] = {"16": 0.3, "32": 0.2, "64": 0.2, "128": 0.1}
     monkeypatch.setattr(wide_gemm, "time_paths", lambda lib, path: calls.append(2) or with_amx)
-    assert wide_gemm.wide_choice(FakeOps()) == WideChoice(16, 16, "amx") and calls == [1, 2]
-    wide_gemm._measured_choice.cache_clear()  # and that record, which did probe them, is kept
+    assert wide_choice(FakeOps()) == WideChoice(16, 16, "amx") and calls == [1, 2]
     monkeypatch.setattr(wide_gemm, "time_paths", lambda lib, path: pytest.fail("measured a third time"))
-    assert wide_gemm.wide_choice(FakeOps()).engine == "amx"
+    assert wide_choice(FakeOps()).engine == "amx"
 
 
 def test_a_record_answers_only_for_the_library_it_measured(fresh, monkeypatch):
@@ -86,8 +96,8 @@ def test_a_record_answers_only_for_the_library_it_measured(fresh, monkeypatch):
     calls = []
     monkeypatch.setattr(wide_gemm, "time_paths",
                         lambda lib, path: calls.append(lib) or probe({16: 0.5} if lib == FakeOps.lib else {}))
-    assert wide_gemm.wide_choice(haswell) == WideChoice()
-    assert wide_gemm.wide_choice(FakeOps()) == WideChoice(16, 16) and calls == ["haswell-lib", FakeOps.lib]
+    assert wide_choice(haswell) == WideChoice()
+    assert wide_choice(FakeOps()) == WideChoice(16, 16) and calls == ["haswell-lib", FakeOps.lib]
 
 
 @pytest.mark.skipif(native.load() is None or native.load("haswell") is None, reason="needs two native builds")
@@ -107,10 +117,9 @@ def test_the_amx_engine_is_taken_where_faster_and_its_layers_need_no_python_marg
 
 
 def test_a_record_of_the_amx_engine_on_a_machine_without_it_is_measured_again(fresh, monkeypatch):
-    machine_records.write(wide_gemm.RECORDS, wide_gemm.record_key(FakeOps.lib, "amx"),
-                          {"engine": "amx", "head_rows": 16, "layer_rows": 16})
+    write_record(FakeOps.lib, "amx", {"engine": "amx", "head_rows": 16, "layer_rows": 16})
     monkeypatch.setattr(wide_gemm, "time_paths", lambda lib, path: probe({128: 0.5}))
-    assert wide_gemm.wide_choice(FakeOps()) == WideChoice(128, 128, "torch")
+    assert wide_choice(FakeOps()) == WideChoice(128, 128, "torch")
 
 
 def test_the_choice_is_remembered_per_native_path(fresh, monkeypatch):
@@ -121,26 +130,26 @@ def test_the_choice_is_remembered_per_native_path(fresh, monkeypatch):
                         lambda lib, path: measured.append(path) or probe({16: 0.5} if path == "pairs" else {}))
     pairs = FakeOps()
     pairs.bf16_path = "pairs"
-    assert wide_gemm.wide_choice(FakeOps()) == WideChoice()
-    assert wide_gemm.wide_choice(pairs) == WideChoice(16, 16)
+    assert wide_choice(FakeOps()) == WideChoice()
+    assert wide_choice(pairs) == WideChoice(16, 16)
     assert measured == ["amx", "pairs"]
 
 
 def test_a_corrupt_record_is_measured_again(fresh, monkeypatch):
-    machine_records.write(wide_gemm.RECORDS, wide_gemm.record_key(FakeOps.lib, "amx"), {"head_rows": "all", "layer_rows": -3})
+    write_record(FakeOps.lib, "amx", {"head_rows": "all", "layer_rows": -3})
     monkeypatch.setattr(wide_gemm, "time_paths", lambda lib, path: probe({128: 0.5}))
-    assert wide_gemm.wide_choice(FakeOps()) == WideChoice(128, 128)
+    assert wide_choice(FakeOps()) == WideChoice(128, 128)
 
 
 def test_the_override_and_its_errors(fresh, monkeypatch):
     monkeypatch.setattr(wide_gemm, "time_paths", lambda lib, path: pytest.fail("an override measures nothing"))
     monkeypatch.setenv("SPECLAB_WIDE_GEMM", "0")
-    assert wide_gemm.wide_choice(FakeOps()) == WideChoice()
+    assert wide_choice(FakeOps()) == WideChoice()
     monkeypatch.setenv("SPECLAB_WIDE_GEMM", "24")
-    assert wide_gemm.wide_choice(FakeOps()) == WideChoice(24, 24)
+    assert wide_choice(FakeOps()) == WideChoice(24, 24)
     monkeypatch.setenv("SPECLAB_WIDE_GEMM", "yes")
     with pytest.raises(ValueError, match="SPECLAB_WIDE_GEMM"):
-        wide_gemm.wide_choice(FakeOps())
+        wide_choice(FakeOps())
 
 
 def test_the_torch_backend_never_takes_it(fresh, monkeypatch):
