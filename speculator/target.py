@@ -31,7 +31,7 @@ from transformers import DynamicCache
 from .runtime.cache import StaticKVCache
 from .runtime.config import UnsupportedModel
 from .runtime.model import LeanDecoder
-from .runtime.ops import native_lib
+from speclab.kernels.native.ops import native_lib
 from speclab.speculator.target.profile import KernelChoices, MachineProfile, kernel_choices
 
 log = logging.getLogger(__name__)
