@@ -35,7 +35,7 @@ def add_parser(commands) -> argparse.ArgumentParser:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from speclab.speculator.runtime import native
+    from speclab.kernels import native
     from speclab.speculator.target.measure import measure_profile
     from speclab.speculator.target.profile import empty_profile, recorded_profile
 
