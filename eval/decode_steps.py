@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from speclab.speculator.runtime.model import LeanDecoder
+from speclab.speculator.target.runtime.model import LeanDecoder
 
 
 def _median_ms(fn, repeats: int) -> float:
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    from speclab.speculator.targets import smollm2_from_gguf
+    from speclab.speculator.target.builders import smollm2_from_gguf
 
     target = smollm2_from_gguf(dtype=args.dtype)
     print(f"load {os.getloadavg()[0]:.2f}, {torch.get_num_threads()} threads, dtype {target.dtype}, "

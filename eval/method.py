@@ -49,7 +49,7 @@ import torch
 
 from speclab.speculator import machine_records
 from speclab.speculator.base import Speculator
-from speclab.speculator.runtime.fast_linear import native_drafting
+from speclab.speculator.fast_linear import native_drafting
 from speclab.speculator.target import FrozenTarget
 
 from .engine import effective_draft_len, generate_speculative

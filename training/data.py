@@ -30,7 +30,7 @@ import datasets
 import numpy as np
 
 from speclab.speculator.target import FrozenTarget
-from speclab.speculator.targets import cache_root
+from speclab.speculator.target.builders import cache_root
 
 from speclab.speculator.cache_lock import build_lock
 from .data_cache import (HIDDEN_FILE, bundle_bytes, data_fingerprint, new_work_dir, publish, read_bundle,

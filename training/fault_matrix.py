@@ -28,7 +28,7 @@ from omegaconf import OmegaConf
 
 from speclab.speculator.base import TargetInfo
 from speclab.speculator.families import build_speculator
-from speclab.speculator.targets import tiny_llama
+from speclab.speculator.target.builders import tiny_llama
 
 from speclab.speculator.digest import weights_sha256
 

@@ -16,7 +16,7 @@ import torch
 from speclab.speculator import machine_records
 from speclab.speculator.runtime import native, wide_gemm
 from speclab.speculator.runtime.wide_gemm import WideChoice, WideLinear
-from speclab.speculator.targets import tiny_llama
+from speclab.speculator.target.builders import tiny_llama
 
 WIDE_REL = 0.02
 pytestmark = pytest.mark.skipif(native.load() is None, reason="no C compiler: no native kernels to choose against")

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from . import machine_records
+from speclab.speculator import machine_records
 
 log = logging.getLogger(__name__)
 CANDIDATES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -51,7 +51,7 @@ def measured_dtype(model, name: str, runtime: str, device: str, lean_backend: st
     record = machine_records.read(RECORDS, key)
     if record is not None and record.get("fastest") in CANDIDATES:
         return CANDIDATES[record["fastest"]], {**record, "source": "measured earlier on this machine"}
-    from .target import FrozenTarget
+    from .frozen import FrozenTarget
 
     targets = {key: FrozenTarget(copy.deepcopy(model).to(dtype=dt), None, name, runtime=runtime, lean_backend=lean_backend)
                for key, dt in CANDIDATES.items()}

@@ -32,10 +32,11 @@ from typing import Literal, Sequence
 
 import torch
 
+from speclab.speculator.runtime.ops import NativeOps, Weight, backend
+from speclab.speculator.runtime.wide_gemm import WideChoice, WideLinear, wide_choice
+
 from .cache import StaticKVCache
 from .config import LeanConfig, lean_config, rope_tables
-from .ops import NativeOps, Weight, backend
-from .wide_gemm import WideChoice, WideLinear, wide_choice
 
 
 @dataclass

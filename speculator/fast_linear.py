@@ -27,8 +27,8 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from . import native
-from .ops import NativeOps, Weight
+from .runtime import native
+from .runtime.ops import NativeOps, Weight
 
 
 class _Packed:

@@ -18,7 +18,7 @@ import ctypes
 import torch
 from torch import nn
 
-from .ops import NativeOps, _ptr
+from .runtime.ops import NativeOps, _ptr
 
 
 class MLPStage(ctypes.Structure):

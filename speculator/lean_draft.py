@@ -26,9 +26,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..layers import KV, DecoderLayer, FusedInputLayer, rope
-from .model import LeanDecoder
-from .ops import NativeOps
+from .layers import KV, DecoderLayer, FusedInputLayer, rope
+from .target.runtime.model import LeanDecoder
+from .runtime.ops import NativeOps
 
 
 def supports(layers: nn.ModuleList) -> bool:

@@ -18,9 +18,10 @@ from typing import Literal
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from .cache_lock import build_lock, cache_root, publish_dir, work_dir_for
+from speclab.speculator.cache_lock import build_lock, cache_root, publish_dir, work_dir_for
+
 from .dtype_choice import measured_dtype
-from .target import FrozenTarget
+from .frozen import FrozenTarget
 from .tiny_tokenizer import build_tiny_tokenizer
 
 log = logging.getLogger(__name__)

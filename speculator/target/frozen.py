@@ -23,6 +23,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
+from .cpu_gemm import prefer_fast_small_gemm
 from .runtime.cache import StaticKVCache
 from .runtime.config import UnsupportedModel
 from .runtime.model import LeanDecoder
@@ -44,6 +45,7 @@ class FrozenTarget(nn.Module):
     def __init__(self, model: nn.Module, tokenizer, name: str, runtime: str = "lean", lean_backend: str = "auto",
                  compile: bool = False):
         super().__init__()
+        prefer_fast_small_gemm()  # before this target's first GEMM (a no-op once chosen)
         if runtime not in RUNTIMES:
             raise ValueError(f"unknown target runtime {runtime!r}; valid: {', '.join(RUNTIMES)}")
         self.model = model.eval()
