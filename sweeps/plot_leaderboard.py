@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-from .index import load_rows
+from .run_rows import load_rows
 from .table import counts, is_baseline, sort_by_speedup
 
 BAR_H, GAP, LABEL_W, PANEL_W, PAD = 18, 6, 260, 300, 20

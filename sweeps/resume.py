@@ -17,7 +17,7 @@ import logging
 from pathlib import Path
 from typing import Any, Mapping
 
-from .index import find_run_dirs
+from .run_rows import find_run_dirs
 from .results import RESULT_FILE, read_result
 
 log = logging.getLogger(__name__)
