@@ -1,4 +1,4 @@
-"""The `speclab` command line (DESIGN.md's CLI contract).
+"""The `speclab` command line (its use: docs/guide.md).
 
     speclab train [HYDRA OVERRIDES]      one experiment (Hydra; -m for a multirun)
     speclab runs [--runs DIR] [--json]   the results table

@@ -21,7 +21,7 @@ from speclab.speculator import machine_records
 
 log = logging.getLogger(__name__)
 CANDIDATES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-RECORDS = "dtype-choice"  # the speclab cache folder of the remembered choices (machine_records.py)
+RECORDS = "dtype-choice"  # the speclab cache folder of the remembered choices (speculator/machine_records.py)
 PREFILL, STEPS, ROUNDS = 64, 6, 3
 
 
