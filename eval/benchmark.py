@@ -17,7 +17,7 @@ from torch import nn
 from tqdm import tqdm
 
 from speclab.speculator.base import Speculator
-from speclab.speculator.runtime.fast_linear import drafting_ops, native_drafting
+from speclab.speculator.fast_linear import drafting_ops, native_drafting
 from speclab.speculator.target import FrozenTarget
 
 from .engine import Generation, effective_draft_len, generate_plain, generate_speculative
@@ -87,7 +87,7 @@ def score(
         tree = TreeConfig(tree.shape, k, tree.top_k, tree.budget)
     run = _Runner(target, speculator, max_new_tokens, k, sampling, tree)
     # Drafting through the native GEMM where it builds, its weights in the target's dtype
-    # (speculator/runtime/fast_linear.py).
+    # (speculator/fast_linear.py).
     with _eval_mode(speculator), native_drafting(speculator, target.dtype) as routed:
         ops = drafting_ops(speculator)
         _warm_up(run, prompts[0], peer)

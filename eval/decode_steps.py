@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from speclab.speculator.runtime.model import LeanDecoder
+from speclab.speculator.target.runtime.model import LeanDecoder
 
 
 def _median_ms(fn, repeats: int) -> float:
@@ -76,8 +76,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    from speclab.speculator.target.builders import smollm2_from_gguf
     from speclab.speculator.target.measure import prepare_for
-    from speclab.speculator.targets import smollm2_from_gguf
 
     prepare_for(smollm2_from_gguf, {"dtype": args.dtype})  # the machine profile this build reads
     target = smollm2_from_gguf(dtype=args.dtype)

@@ -47,7 +47,7 @@ from typing import Literal
 import torch
 
 from speclab.speculator.base import Speculator
-from speclab.speculator.runtime.fast_linear import native_drafting
+from speclab.speculator.fast_linear import native_drafting
 from speclab.speculator.target import FrozenTarget
 from speclab.speculator.target.measure import recorded_verify_cost, verification_cost, verify_cost
 

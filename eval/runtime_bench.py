@@ -99,7 +99,7 @@ def generate_ms_per_token(target, new_tokens: int = 64) -> float:
 
 
 def chat_prompts(target, n: int) -> list[list[int]]:
-    from speclab.training.data_tokenize import prompt_ids
+    from speclab.speculator.target.prompts import prompt_ids
 
     topics = ["sorting a list", "a haiku about rain", "the capital of France", "binary search", "photosynthesis",
               "a polite email", "prime numbers", "unit tests in Python"]
@@ -109,17 +109,17 @@ def chat_prompts(target, n: int) -> list[list[int]]:
 
 def batched_tok_s(target, batch: int, new_tokens: int = 64) -> dict[str, float]:
     """Generated tok/s of greedy batched generation: lean vs transformers' generate."""
-    from speclab.speculator.runtime.generate import generate_batch
-    from speclab.training.self_distill import _left_pad, _pad_id
+    from speclab.speculator.target.runtime.generate import generate_batch
+    from speclab.speculator.target.prompts import left_pad, pad_id
 
     prompts = chat_prompts(target, batch)
     never = {-1}  # no stop token: every row generates new_tokens, the work is equal
     start = time.perf_counter()
     out = generate_batch(target.lean, prompts, new_tokens, never)
     lean = sum(map(len, out)) / (time.perf_counter() - start)
-    ids, mask = _left_pad(prompts, _pad_id(target), target.device)
+    ids, mask = left_pad(prompts, pad_id(target), target.device)
     config = GenerationConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                              pad_token_id=_pad_id(target))
+                              pad_token_id=pad_id(target))
     start = time.perf_counter()
     hf_out = target.model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
     hf = (hf_out.shape[1] - ids.shape[1]) * batch / (time.perf_counter() - start)
@@ -127,8 +127,8 @@ def batched_tok_s(target, batch: int, new_tokens: int = 64) -> dict[str, float]:
 
 
 def run(dtypes: list[str], widths: list[int], batches: list[int]) -> dict:
+    from speclab.speculator.target.builders import smollm2_from_gguf
     from speclab.speculator.target.measure import prepare_for
-    from speclab.speculator.targets import smollm2_from_gguf
 
     report = {"machine": machine(), "context": CONTEXT, "read_bandwidth_gb_s": read_bandwidth_gb_s(), "dtypes": {}}
     for dtype in dtypes:

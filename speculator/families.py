@@ -1,9 +1,10 @@
 """The registry: every speculator family by name, and building or loading one by name.
 
 The table below is the registry, written out: a family is registered by importing its
-class here and adding it to `REGISTRY`. Family modules import `base` (the interfaces),
-never this module at import time, and `base` imports no family, so nothing imports in a
-circle. (hybrid.py looks its learned part up here inside a function: it is listed here.)
+class here (a family that drafts alone: in drafters.py's `DRAFTERS`) and adding it to the
+table. Family modules import `base` (the interfaces), never this module, and `base`
+imports no family; hybrid builds its parts from `DRAFTERS`, below this module, so nothing
+imports in a circle.
 `configs/speculator/<name>.yaml` maps one-to-one onto this table (tests/speculator).
 """
 
@@ -17,22 +18,10 @@ from typing import Any
 from safetensors.torch import load_model
 
 from .base import Speculator, TargetInfo, target_device
-from .renamed import check_renamed
-from .draft_lm import DraftLM
-from .eagle import EagleSpeculator
-from .eagle3 import Eagle3Speculator
+from .drafters import DRAFTERS, config_of
 from .hybrid import HybridSpeculator
-from .hydra import HydraSpeculator
-from .lstm import LSTMSpeculator
-from .medusa import MedusaSpeculator
-from .mlp import MLPSpeculator
-from .ngram import NgramSpeculator
-from .suffix import SuffixSpeculator
 
-REGISTRY: dict[str, type[Speculator]] = {cls.family: cls for cls in (
-    DraftLM, EagleSpeculator, Eagle3Speculator, HybridSpeculator, HydraSpeculator,
-    LSTMSpeculator, MedusaSpeculator, MLPSpeculator, NgramSpeculator, SuffixSpeculator,
-)}
+REGISTRY: dict[str, type[Speculator]] = dict(sorted({**DRAFTERS, HybridSpeculator.family: HybridSpeculator}.items()))
 
 
 def speculator_class(family: str) -> type[Speculator]:
@@ -42,13 +31,7 @@ def speculator_class(family: str) -> type[Speculator]:
 
 
 def build_config(family: str, params: dict) -> Any:
-    cls = speculator_class(family)
-    check_renamed(family, params)
-    names = {f.name for f in dataclasses.fields(cls.Config)}
-    unknown = sorted(set(params) - names)
-    if unknown:
-        raise ValueError(f"unknown {family} speculator option(s) {unknown}; valid: {sorted(names)}")
-    return cls.Config(**params)
+    return config_of(speculator_class(family), params)
 
 
 def build_speculator(family: str, params: dict, target: TargetInfo) -> Speculator:

@@ -17,7 +17,7 @@ committed position waits for the pending token. `propose` and `extend` run step 
 and the chain beyond it without touching the cache; `accept` feeds the newly committed
 positions, whose features the target just computed. A state started inside
 `native_drafting(speculator)` runs the layers of `propose` and `accept` as native steps
-(runtime/lean_draft.py), whose chain keys sit in the cache's slots past the committed ones.
+(speculator/lean_draft.py), whose chain keys sit in the cache's slots past the committed ones.
 There `accept` only queues the committed positions' rows, and the next `propose` runs them
 with its step 0 in one pass: step 0 is the row `accept` would feed once the pending token
 is known (the same input at the same slot), and a pass of a few rows streams the layer's
@@ -33,8 +33,8 @@ import torch.nn.functional as F
 
 from .base import Features, Speculator
 from .layers import KV, causal_mask, compute_dtype, run_layers
-from .runtime import lean_draft
-from .runtime.fast_linear import drafting_ops
+from . import lean_draft
+from .fast_linear import drafting_ops
 
 
 @dataclass

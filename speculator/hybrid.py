@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from .base import Features, Speculator, TargetInfo
+from .drafters import DRAFTERS, config_of
 from .lookup import FLOOR, TrainingFree
 from .suffix import SuffixSpeculator
 
@@ -56,14 +57,14 @@ class HybridState:
 
 def learned_part(config: HybridConfig) -> tuple[type[Speculator], Any]:
     """The learned family's class and its config, checked."""
-    from .families import build_config, speculator_class  # the registry lists this module
-
     options = dict(config.learned)
     family = options.pop("family", None)
-    cls = speculator_class(family) if family else None
-    if cls is None or issubclass(cls, (TrainingFree, HybridSpeculator)):
+    if family and family not in DRAFTERS and family != HybridSpeculator.family:
+        raise ValueError(f"unknown speculator family {family!r}; valid: {sorted([*DRAFTERS, HybridSpeculator.family])}")
+    cls = DRAFTERS.get(family)
+    if cls is None or issubclass(cls, TrainingFree):
         raise ValueError(f"hybrid.learned.family must be a learned family, got {family!r}")
-    return cls, build_config(family, options)
+    return cls, config_of(cls, options)
 
 
 class HybridSpeculator(Speculator):
@@ -74,11 +75,9 @@ class HybridSpeculator(Speculator):
 
     def __init__(self, config: HybridConfig, target: TargetInfo):
         super().__init__(config, target)
-        from .families import build_config  # the registry lists this module
-
         cls, learned_config = learned_part(config)
         self.learned = cls(learned_config, target)
-        self.suffix = SuffixSpeculator(build_config("suffix", config.suffix), target)
+        self.suffix = SuffixSpeculator(config_of(SuffixSpeculator, config.suffix), target)
 
     @property
     def shift(self) -> int:

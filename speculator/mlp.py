@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .base import Features, Speculator, TargetInfo
-from .runtime.fast_linear import drafting_ops
-from .runtime.mlp_chain import NativeMLPChain
+from .fast_linear import drafting_ops
+from .mlp_chain import NativeMLPChain
 
 
 @dataclass
@@ -42,7 +42,7 @@ class MLPConfig:
 @dataclass
 class MLPState:
     hidden: torch.Tensor  # [1, H] target hidden state of the last committed position
-    native: NativeMLPChain | None = None  # drafting on the lean kernels (runtime/mlp_chain.py)
+    native: NativeMLPChain | None = None  # drafting on the lean kernels (speculator/mlp_chain.py)
 
 
 class MLPSpeculator(Speculator):

@@ -43,8 +43,9 @@ from .suffix_tree import SuffixTrie, Writer, ranked_children
 # Built corpus tries by content, alive while some speculator holds one: read-only once built,
 # so the copies of one speculator that a bench or a pilot makes share one instead of
 # rebuilding it (27 s and ~2.6 GB for 1M tokens, ~264 B per node), and any number of corpora
-# stay built side by side. (A bound of two once made a bench of four corpus sizes rebuild a
-# trie at every request, inside its timing: 233 ms per drafted token for the 1M corpus.)
+# stay built side by side. No bound on their number: a bench of four corpus sizes under a
+# bound of two rebuilds a trie at every request, inside its timing (233 ms per drafted
+# token for the 1M corpus).
 _CORPUS_TRIES: "weakref.WeakValueDictionary[tuple[str, int], SuffixTrie]" = weakref.WeakValueDictionary()
 
 

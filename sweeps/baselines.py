@@ -1,4 +1,4 @@
-"""Every sweep's leaderboard carries the training-free baselines (DESIGN.md).
+"""Every sweep's leaderboard carries the training-free baselines (docs/guide.md).
 
 A Hydra callback (configs/sweep/common/base.yaml installs it in every predefined sweep):
 when a multirun starts, before its first job, it scores each family of BASELINES with the

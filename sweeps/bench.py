@@ -181,7 +181,7 @@ class OwnSpeculator:
         self.speculator, self.weight_dtype, self.decode = speculator, weight_dtype, decode
 
     def __call__(self, prompt, max_new=None):
-        from speclab.speculator.runtime.fast_linear import native_drafting  # bench imports torch only once it runs
+        from speclab.speculator.fast_linear import native_drafting  # bench imports torch only once it runs
 
         # Drafting through the native GEMM where it builds, as a run's own scoring does (eval/benchmark.score).
         with native_drafting(self.speculator, self.weight_dtype):

@@ -1,4 +1,4 @@
-"""The `speclab` command line (DESIGN.md's CLI contract).
+"""The `speclab` command line (its use: docs/guide.md).
 
     speclab train [HYDRA OVERRIDES]      one experiment (Hydra; -m for a multirun)
     speclab runs [--runs DIR] [--json]   the results table
@@ -22,9 +22,11 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from speclab.speculator.target.cpu_gemm import prefer_fast_small_gemm
+
 from . import bench, doctor
 from .errors import USAGE_ERROR, CliError, user_errors
-from .index import METRICS, rebuild
+from .run_rows import METRICS, load_rows
 from .results import find_speculator_checkpoint, write_json_atomic
 from .table import format_lossless, format_number, format_per_position, format_speedup, format_table
 from .target_spec import recorded_target
@@ -76,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    prefer_fast_small_gemm()  # before any GEMM of this process and of the children it starts
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv[:1] == ["sweep"]:  # NAME, then Hydra overrides
@@ -127,7 +130,7 @@ def run_train(hydra_args: list[str]) -> int:
 
 def cmd_runs(args: argparse.Namespace) -> int:
     with user_errors():
-        rows = rebuild(args.runs)
+        rows = load_rows(args.runs)
     if not rows:
         raise CliError(f"no runs under {args.runs} (no result.json found)")
     if args.json:

@@ -14,14 +14,15 @@ import torch
 from speclab.speculator.base import Speculator
 
 from .export_mlp import to_vllm
+from .target_spec import current_name, parse_target_spec
 
 SPECULATORS_VERSION = "0.1.0"  # the speculators config schema these fields follow
 VOCAB_IDS = "vocab.ids"  # speclab's reduced-vocabulary buffer: exported as d2t (+ t2d)
-# Target builders of speclab.speculator.targets -> (the verifier's hub id, its HF architecture);
+# Target builders of speclab.speculator.target.builders -> (the verifier's hub id, its HF architecture);
 # no hub id: the target exists only in-process, so the export saves it under VERIFIER_DIR.
 KNOWN_VERIFIERS = {
-    "speclab.speculator.targets.smollm2_from_gguf": ("HuggingFaceTB/SmolLM2-135M-Instruct", "LlamaForCausalLM"),
-    "speclab.speculator.targets.tiny_llama": (None, "LlamaForCausalLM"),
+    "speclab.speculator.target.builders.smollm2_from_gguf": ("HuggingFaceTB/SmolLM2-135M-Instruct", "LlamaForCausalLM"),
+    "speclab.speculator.target.builders.tiny_llama": (None, "LlamaForCausalLM"),
 }
 VERIFIER_DIR = "verifier"
 VLLM_EAGLE3_AUX_LAYERS = 3  # vLLM's EAGLE-3 fc reads exactly 3 x target_hidden_size
@@ -211,7 +212,7 @@ def verifier_of(ctx: ExportContext, target_name: str, out: Path) -> tuple[str | 
     name_or_path, made absolute when it is a local directory.
     """
     target_config = ctx.meta.get("target_config") or {}
-    builder = target_config.get("_target_")
+    builder = current_name(target_config.get("_target_"))
     if builder in KNOWN_VERIFIERS:
         name, arch = KNOWN_VERIFIERS[builder]
         if name is None:
@@ -231,8 +232,6 @@ def verifier_of(ctx: ExportContext, target_name: str, out: Path) -> tuple[str | 
 
 def save_verifier(target_config: dict, out: Path, final_dir: Path | None) -> str:
     """Save the in-process target (weights, config, tokenizer) as out/verifier; -> its final path."""
-    from .target_spec import parse_target_spec
-
     target = parse_target_spec(target_config, "the checkpoint's target_config").build()  # data, never code
     target.model.save_pretrained(out / VERIFIER_DIR)
     target.tokenizer.save_pretrained(out / VERIFIER_DIR)

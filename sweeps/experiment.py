@@ -23,7 +23,7 @@ from speclab.speculator.families import build_config, build_speculator, speculat
 from speclab.speculator.hybrid import HybridSpeculator
 from speclab.speculator.lookup import TrainingFree
 from speclab.speculator.target import FrozenTarget
-from speclab.speculator.targets import cache_root
+from speclab.speculator.target.builders import cache_root
 from speclab.training.data import DataBundle, DataConfig, build_dataset
 from speclab.training.features import (FeatureDataset, assistant_token_counts, build_feature_store, cache_report,
                                        training_answers)

@@ -21,7 +21,7 @@ from speclab.speculator.base import Speculator, TargetInfo
 from speclab.speculator.families import load_speculator, speculator_class
 
 from .export_formats import ExportContext, write_layout
-from .index import best, metric_value
+from .run_rows import best, metric_value
 from .results import (EXPORT_MANIFEST, RESULT_FILE, SHARED_DIR_MODE, SHARED_FILE_MODE, SPECULATOR_FILES,
                       is_speculator_checkpoint, weights_sha256, write_json_atomic)
 from .table import format_number, format_params, format_per_position, format_speedup

@@ -38,6 +38,7 @@ from safetensors.torch import load_file, save_file
 from speclab.speculator.base import Speculator, TargetInfo
 from speclab.speculator.families import build_speculator, load_speculator, speculator_class
 
+from .checkpoint_meta import SPECLAB_META, checkpoint_meta
 from .engine_layouts import FOREIGN, VOCAB_IDS, ExportContext, refusals
 from .export_mlp import from_vllm
 
@@ -45,7 +46,6 @@ __all__ = ["ExportContext", "SPECLAB_META", "checkpoint_meta", "layout_of", "loa
 
 log = logging.getLogger(__name__)
 
-SPECLAB_META = "speclab.json"  # speclab's description of a foreign-layout export
 
 
 def layout_of(family: str) -> str:
@@ -75,13 +75,6 @@ def write_layout(out: Path, speculator: Speculator, ctx: ExportContext) -> tuple
 
 
 # --- loading any layout back -------------------------------------------------------------
-
-
-def checkpoint_meta(path: str | Path) -> dict:
-    """speclab's description of a checkpoint: its config.json, or an export's speclab.json."""
-    path = Path(path)
-    meta_file = path / SPECLAB_META if (path / SPECLAB_META).is_file() else path / "config.json"
-    return json.loads(meta_file.read_text())
 
 
 def load_checkpoint(path: str | Path, target: TargetInfo | None = None) -> Speculator:

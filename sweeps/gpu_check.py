@@ -160,7 +160,7 @@ def smoke_overrides(device: str) -> list[str]:
 
 
 def run(device: torch.device, skip_smollm2: bool) -> list[dict]:
-    from speclab.speculator.targets import smollm2_from_gguf, tiny_llama
+    from speclab.speculator.target.builders import smollm2_from_gguf, tiny_llama
 
     on_gpu = device.type == "cuda"
     rows = verify_rows(device, 49152 if on_gpu else 600)

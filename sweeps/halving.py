@@ -29,7 +29,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import OmegaConf
 
-from .index import METRICS, metric_value, row_of
+from .run_rows import METRICS, metric_value, row_of
 from .results import RESULT_FILE, read_result, write_json_atomic
 
 log = logging.getLogger(__name__)

@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-from .index import load_rows
 from .records import counted, latest_printout, number, read_record
+from .run_rows import load_rows
 from .table import counts, is_baseline, sort_by_speedup
 
 BAR_H, GAP, LABEL_W, PANEL_W, PAD = 18, 6, 260, 300, 20

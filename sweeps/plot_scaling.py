@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-from .index import load_rows
+from .run_rows import load_rows
 from .table import counts, format_per_position, is_baseline
 
 W, H, PAD, LEFT, BOTTOM = 640, 360, 20, 60, 40

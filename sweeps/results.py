@@ -1,10 +1,10 @@
 """result.json: the record a run leaves behind, written atomically as its last act.
 
-Run directories are the truth (the results index is only a cache rebuilt from them), so
-a result.json must never be seen half-written: it is written to a temporary file in the
+Run directories are the only record (every results table is read from them), so a
+result.json must never be seen half-written: it is written to a temporary file in the
 same directory, fsynced, renamed over the old one, and the directory entry is fsynced.
 
-The fields are DESIGN.md's ("add more, never rename these").
+The fields are docs/design.md's (its "result.json" section: add more, never rename these).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ SHARED_DIR_MODE = 0o755
 
 
 def new_result(run_id: str, config: Mapping[str, Any] | None = None) -> dict:
-    """A result skeleton with every DESIGN.md field, counters at 0 and measures at None."""
+    """A result skeleton with every docs/design.md field, counters at 0 and measures at None."""
     return {
         "run_id": run_id,
         "status": "completed",

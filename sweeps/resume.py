@@ -3,7 +3,7 @@
 A run is identified by a hash of its resolved config minus the keys that only say where
 it runs or how it is reported (`LOCATION_KEYS`): the same experiment started from another
 sweep directory, or with wandb online instead of offline, is the same experiment. The
-run directories are the truth (DESIGN.md), so the lookup scans every result.json under
+run directories are the only record (docs/design.md), so the lookup scans every result.json under
 runs_dir; a failed run, or one killed before it wrote result.json, is simply not found and
 runs again. Killing a sweep cannot lose a completed run: its result.json was written
 atomically as its last act and nothing here ever deletes or rewrites one.
@@ -17,7 +17,7 @@ import logging
 from pathlib import Path
 from typing import Any, Mapping
 
-from .index import find_run_dirs
+from .run_rows import find_run_dirs
 from .results import RESULT_FILE, read_result
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from .halving import DECISIONS_FILE, format_decisions, read_decisions
-from .index import load_rows
+from .run_rows import load_rows
 from .table import format_table
 
 SWEEP_GROUP = "sweep"

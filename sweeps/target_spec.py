@@ -1,14 +1,14 @@
 """A recorded target description, read as data: the one way a checkpoint or export names its target.
 
 A checkpoint's config.json (or an export's speclab.json) records the run's resolved target
-config, e.g. `{"_target_": "speclab.speculator.targets.tiny_llama", "seed": 0, ...}`. That file
+config, e.g. `{"_target_": "speclab.speculator.target.builders.tiny_llama", "seed": 0, ...}`. That file
 comes from outside the process, so it is never handed to Hydra: `instantiate` would import
 whatever `_target_` names and resolve `${...}` interpolations (`${oc.create:...}` builds a
 nested `_target_` of its own). Instead the description is validated against a schema taken
 from the target builders themselves:
 
 - `_target_` is only a key into the table of builders (the public functions of
-  speclab.speculator.targets that return a FrozenTarget); nothing is imported by its name;
+  speclab.speculator.target.builders that return a FrozenTarget); nothing is imported by its name;
 - every other key must be a parameter of that builder, and its value a JSON scalar of the
   parameter's annotated type (no dicts, lists, `_`-keys, nor `${` interpolations);
 
@@ -27,7 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-TARGETS_MODULE = "speclab.speculator.targets"
+from .checkpoint_meta import checkpoint_meta
+
+TARGETS_MODULE = "speclab.speculator.target.builders"
+# Checkpoints and exports written while the builders lived in speclab.speculator.targets
+# name them there; the name is read as the same builder, never imported.
+RECORDED_AS = "speclab.speculator.targets"
 BUILDER_KEY = "_target_"
 OVERRIDE_PREFIX = "target."
 _SCALARS = (str, int, float, bool, type(None))
@@ -51,6 +56,13 @@ def builders() -> dict[str, Callable]:
         if returns is getattr(module, "FrozenTarget", None):
             found[f"{TARGETS_MODULE}.{name}"] = fn
     return found
+
+
+def current_name(builder: Any) -> Any:
+    """A recorded builder name in today's module (names under RECORDED_AS map to TARGETS_MODULE)."""
+    if isinstance(builder, str) and builder.startswith(RECORDED_AS + "."):
+        return TARGETS_MODULE + builder.removeprefix(RECORDED_AS)
+    return builder
 
 
 def _allowed_types(hint) -> tuple | None:
@@ -86,8 +98,9 @@ def parse_target_spec(raw: Any, source: str = "target_config") -> TargetSpec:
     if not isinstance(raw, dict):
         raise TargetSpecError(f"{source}: the target description must be an object, got {type(raw).__name__}")
     table = builders()
-    builder = raw.get(BUILDER_KEY)
+    builder = current_name(raw.get(BUILDER_KEY))
     if builder not in table:
+        builder = raw.get(BUILDER_KEY)
         raise TargetSpecError(f"{source}: refusing target _target_ {builder!r}; valid: {sorted(table)}")
     hints = typing.get_type_hints(table[builder])
     params = [p for p in inspect.signature(table[builder]).parameters if p in hints]
@@ -140,8 +153,6 @@ def with_overrides(spec: TargetSpec, overrides: list[str]) -> TargetSpec:
 
 def recorded_target(checkpoint: Path, overrides: list[str] = ()) -> TargetSpec:
     """The checkpoint's recorded target (config.json, or an export's speclab.json), with overrides."""
-    from .export_formats import checkpoint_meta
-
     try:
         meta = checkpoint_meta(checkpoint)
     except ValueError as exc:  # not JSON at all

@@ -22,7 +22,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from .config_check import ConfigRangeError, check_config
-from .index import metric_value, row_of
+from .run_rows import metric_value, row_of
 from .resume import check_run_dir_free, config_hash, digest, find_completed
 from .results import PROCESS_FILE, failed_result, read_result, write_json_atomic, write_result
 

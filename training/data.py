@@ -31,7 +31,7 @@ import numpy as np
 
 from speclab.kernels.util.cache_lock import build_lock, work_dir_for
 from speclab.speculator.target import FrozenTarget
-from speclab.speculator.targets import cache_root
+from speclab.speculator.target.builders import cache_root
 
 from .data_cache import (HIDDEN_FILE, bundle_bytes, data_fingerprint, publish, read_bundle, replace_bundle,
                          write_bundle)

@@ -14,6 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from speclab.speculator.target.prompts import prompt_ids, render, tokenize
+
+__all__ = ["Encoded", "encode_chat", "encode_chunks", "encode_prompt_reply", "encode_text", "prompt_ids",
+           "render", "reply_mask", "tokenize", "user_turn_prefix"]
+
 _SENTINEL = "\x00SPECLAB-USER-TURN\x00"
 
 
@@ -24,27 +29,6 @@ class Encoded:
 
     def truncated(self, max_len: int) -> "Encoded":
         return Encoded(self.input_ids[:max_len], self.loss_mask[:max_len])
-
-
-def _require_template(tokenizer) -> None:
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("the target's tokenizer has no chat template: chat data and "
-                         "self-distillation need an instruct target (or use data.source=text)")
-
-
-def render(tokenizer, messages: list[dict], generation_prompt: bool) -> str:
-    _require_template(tokenizer)
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
-
-
-def tokenize(tokenizer, text: str) -> list[int]:
-    # The template already renders every special token it wants (BOS included).
-    return tokenizer(text, add_special_tokens=False).input_ids
-
-
-def prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
-    """Token ids of `messages` followed by the assistant header: what `generate` continues."""
-    return tokenize(tokenizer, render(tokenizer, messages, generation_prompt=True))
 
 
 def user_turn_prefix(tokenizer, system: str | None) -> str:

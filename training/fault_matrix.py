@@ -30,7 +30,7 @@ from omegaconf import OmegaConf
 from speclab.kernels.util.digest import weights_sha256
 from speclab.speculator.base import TargetInfo
 from speclab.speculator.families import build_speculator
-from speclab.speculator.targets import tiny_llama
+from speclab.speculator.target.builders import tiny_llama
 
 from .checkpoint import CheckpointConfig, CheckpointStore
 from .features import FeatureDataset, assistant_token_counts, build_feature_store

@@ -27,8 +27,9 @@ from tqdm.auto import tqdm
 from transformers import GenerationConfig
 
 from speclab.kernels.verify import sample_inverse_cdf, warp_logits
-from speclab.speculator.runtime.generate import Chooser, generate_batch, greedy
+from speclab.speculator.target.runtime.generate import Chooser, generate_batch, greedy
 from speclab.speculator.target import FrozenTarget
+from speclab.speculator.target.prompts import left_pad, pad_id
 
 from .data_config import DataConfig
 from .data_sources import normalise
@@ -56,20 +57,6 @@ class SampledPrompts:
     seconds: float
 
 
-def _pad_id(target: FrozenTarget) -> int:
-    pad = target.tokenizer.pad_token_id
-    return pad if pad is not None else min(target.eos_token_ids)
-
-
-def _left_pad(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left padding keeps every prompt's last token in the last column, where generation
-    continues. Returns input_ids [B, T] and attention_mask [B, T] (1 = real token)."""
-    width = max(len(r) for r in rows)
-    ids = [[pad_id] * (width - len(r)) + r for r in rows]
-    mask = [[0] * (width - len(r)) + [1] * len(r) for r in rows]
-    return torch.tensor(ids, device=device), torch.tensor(mask, device=device)
-
-
 def _cut_at_end_of_turn(row: list[int], end_ids: set[int]) -> tuple[list[int], bool]:
     for i, tok in enumerate(row):
         if tok in end_ids:
@@ -84,7 +71,7 @@ def _continue(target: FrozenTarget, rows: list[list[int]], gen: GenerationConfig
     transformers' generate with left padding (`hidden` stays empty)."""
     if target.lean is not None:
         return generate_batch(target.lean, rows, gen.max_new_tokens, target.eos_token_ids, _chooser(gen), hidden)
-    ids, mask = _left_pad(rows, _pad_id(target), target.device)
+    ids, mask = left_pad(rows, pad_id(target), target.device)
     out = target.model.generate(input_ids=ids, attention_mask=mask, generation_config=gen)
     return out[:, ids.shape[1]:].tolist()  # [b, new]
 
@@ -160,7 +147,7 @@ def generation_batch_size(target: FrozenTarget, cfg: DataConfig) -> int:
 
 def _generation_config(target: FrozenTarget, max_new_tokens: int, **sampling) -> GenerationConfig:
     return GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=sorted(target.eos_token_ids),
-                            pad_token_id=_pad_id(target), **sampling)
+                            pad_token_id=pad_id(target), **sampling)
 
 
 def _user_turn_text(target: FrozenTarget, reply: list[int], finished: bool) -> str | None:

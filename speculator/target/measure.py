@@ -21,10 +21,10 @@ from typing import Callable
 
 import torch
 
-from speclab.speculator import dtype_choice
+from . import dtype_choice
 from speclab.kernels import native
 from speclab.kernels.native import pair_choice, wide_gemm
-from speclab.speculator.target import FrozenTarget
+from .frozen import FrozenTarget
 from speclab.speculator.target.profile import (Bf16Path, DtypeChoice, MachineProfile, TargetProfile, WideEngine,
                                                current_profile, empty_profile, recorded_profile, remember, target_fingerprint,
                                                verify_cost_key)

@@ -2,8 +2,8 @@
 
 Everything comes from the run directories themselves (result.json, the live
 logs/metrics.csv of a run in progress, a sweep's multirun.yaml and halving.json); nothing
-is written, not even the results index, so the page can watch a sweep that is running and
-a runs directory the viewer may only read.
+is written, so the page can watch a sweep that is running and a runs directory the viewer
+may only read.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..halving import DECISIONS_FILE, read_decisions
-from ..index import find_run_dirs, load_rows
+from ..run_rows import find_run_dirs, load_rows
 from ..plot_scaling import points_of
 from ..results import PROCESS_FILE, RESULT_FILE, result_problem
 from ..table import best_baseline, counts, note

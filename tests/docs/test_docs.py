@@ -161,7 +161,7 @@ def registered(example, monkeypatch):
 
 @pytest.fixture(scope="module")
 def tiny():
-    from speclab.speculator.targets import tiny_llama
+    from speclab.speculator.target.builders import tiny_llama
 
     return tiny_llama()
 

@@ -3,7 +3,7 @@
 import pytest
 
 from speclab.eval.prompts import encode_prompt
-from speclab.speculator.targets import tiny_llama
+from speclab.speculator.target.builders import tiny_llama
 
 
 @pytest.fixture(scope="module")

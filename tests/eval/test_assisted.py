@@ -7,7 +7,7 @@ from speclab.eval.assisted import assistant_model
 from speclab.eval.engine import generate_plain
 from speclab.speculator.base import TargetInfo
 from speclab.speculator.families import build_speculator
-from speclab.speculator.targets import tiny_llama
+from speclab.speculator.target.builders import tiny_llama
 
 DRAFT = {"num_layers": 1, "hidden_size": 32, "num_heads": 2, "intermediate_size": 64}
 

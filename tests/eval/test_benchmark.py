@@ -13,7 +13,7 @@ import speclab.eval.benchmark as benchmark
 from speclab.eval.benchmark import hf_generate_tok_s, score
 from speclab.eval.engine import generate_plain, generate_speculative
 from speclab.eval.prompts import encode_prompt
-from speclab.speculator.targets import tiny_llama
+from speclab.speculator.target.builders import tiny_llama
 from speculator_stubs import NeverSpeculator, OracleSpeculator, scripted
 
 MAX_NEW, K = 8, 3
@@ -103,7 +103,7 @@ def test_hf_generate_tok_s_counts_generated_tokens(target, prompts, monkeypatch)
 
 def test_peer_joins_the_rotation_and_reports_its_ratio():
     from speclab.eval.benchmark import score as score_with_peer
-    from speclab.speculator.targets import tiny_llama
+    from speclab.speculator.target.builders import tiny_llama
 
     target = tiny_llama()
     prompts = [torch.tensor([[1, 5, 9, 13]]), torch.tensor([[1, 7, 2]])]

@@ -3,7 +3,7 @@
 import pytest
 
 from speclab.eval.decode_steps import step_breakdown
-from speclab.speculator.targets import tiny_llama
+from speclab.speculator.target.builders import tiny_llama
 
 
 @pytest.mark.parametrize("rows", [1, 3])

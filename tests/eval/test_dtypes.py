@@ -8,7 +8,7 @@ from speclab.eval.engine import generate_plain, generate_speculative
 from speclab.eval.tree import TreeConfig, generate_tree
 from speclab.speculator.base import TargetInfo
 from speclab.speculator.families import REGISTRY, build_speculator
-from speclab.speculator.targets import tiny_llama
+from speclab.speculator.target.builders import tiny_llama
 
 FAMILIES = sorted(REGISTRY)
 PROMPT = torch.tensor([[3, 14, 15, 92, 65]])

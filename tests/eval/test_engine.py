@@ -7,7 +7,7 @@ import torch
 
 from speclab.eval.engine import generate_plain, generate_speculative
 from speclab.eval.metrics import AcceptanceStats
-from speclab.speculator.targets import tiny_llama
+from speclab.speculator.target.builders import tiny_llama
 from speculator_stubs import NeverSpeculator, OracleSpeculator, SometimesSpeculator, reference, scripted
 
 MAX_NEW = 20

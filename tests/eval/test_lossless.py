@@ -8,7 +8,7 @@ from speclab.eval.benchmark import score
 from speclab.eval.lossless import FP32_TOLERANCE, HALF_TOLERANCE, classify, first_divergence, tie_tolerance
 from speclab.speculator.base import TargetInfo
 from speclab.speculator.families import build_speculator
-from speclab.speculator.targets import tiny_llama
+from speclab.speculator.target.builders import tiny_llama
 from speculator_stubs import NeverSpeculator, scripted
 
 MAX_NEW, K = 10, 3

@@ -11,7 +11,7 @@ from speclab.eval.method import (MethodConfig, candidates, choose, cost_curve, m
 from speclab.eval.prompts import encode_prompt
 from speclab.speculator.base import TargetInfo
 from speclab.speculator.families import build_speculator
-from speclab.speculator.targets import tiny_llama
+from speclab.speculator.target.builders import tiny_llama
 from speculator_stubs import OracleSpeculator, scripted
 
 DELAY_S = 0.1  # per slowed call: ~100x a warm tiny-target step, far above timing noise

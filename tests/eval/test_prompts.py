@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from speclab.eval.prompts import encode_prompt, humaneval_prompts, load_prompts
-from speclab.speculator.targets import tiny_llama
+from speclab.speculator.target.builders import tiny_llama
 
 
 @pytest.fixture(scope="module")

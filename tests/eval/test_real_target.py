@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def target():
-    from speclab.speculator.targets import smollm2_from_gguf
+    from speclab.speculator.target.builders import smollm2_from_gguf
 
     return smollm2_from_gguf()
 

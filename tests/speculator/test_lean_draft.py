@@ -1,4 +1,4 @@
-"""The feature-autoregressive drafts' native steps (runtime/lean_draft.py) compute what the
+"""The feature-autoregressive drafts' native steps (speculator/lean_draft.py) compute what the
 eager layers compute: drafts, logits, the state after an acceptance, tree steps read from the
 native cache, past the cache's first capacity; and they engage only where they apply."""
 
@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from speclab.kernels import native
+from speclab.speculator import lean_draft
 from speclab.speculator.families import build_speculator
-from speclab.speculator.runtime import lean_draft
-from speclab.speculator.runtime.fast_linear import DraftingOps, native_drafting
+from speclab.speculator.fast_linear import DraftingOps, native_drafting
 from speclab.speculator.target.profile import kernel_choices
 
 from test_families import SMALL, random_layers, target_info

@@ -1,4 +1,4 @@
-"""The `mlp` speculator's native chain (runtime/mlp_chain.py) drafts what its eager stages
+"""The `mlp` speculator's native chain (speculator/mlp_chain.py) drafts what its eager stages
 draft: the same tokens, and states whose logits agree to fp32 rounding; it engages only
 inside `native_drafting`, follows changed weights and bf16 packs, and serves the hybrid."""
 
@@ -12,8 +12,8 @@ import torch
 from speclab.kernels import native
 from speclab.speculator.base import Speculator
 from speclab.speculator.families import build_speculator
-from speclab.speculator.runtime.fast_linear import native_drafting
-from speclab.speculator.runtime.mlp_chain import NativeMLPChain
+from speclab.speculator.fast_linear import native_drafting
+from speclab.speculator.mlp_chain import NativeMLPChain
 
 from test_families import SMALL, target_info
 

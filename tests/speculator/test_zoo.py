@@ -172,7 +172,7 @@ def test_eagle3_d2t_t2d_survive_save_and_load(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny():
-    from speclab.speculator.targets import tiny_llama
+    from speclab.speculator.target.builders import tiny_llama
 
     return tiny_llama()
 
@@ -200,7 +200,7 @@ def test_greedy_speculative_decoding_is_lossless_on_tiny(family, tiny):
 @pytest.mark.slow
 def test_greedy_speculative_decoding_is_lossless_on_smollm2():
     """Every family, untrained, at its shipped default size, on the real SmolLM2-135M target."""
-    from speclab.speculator.targets import smollm2_from_gguf
+    from speclab.speculator.target.builders import smollm2_from_gguf
     from speclab.eval.prompts import encode_prompt
 
     target = smollm2_from_gguf(dtype="fp32")

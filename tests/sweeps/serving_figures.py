@@ -21,7 +21,7 @@ from vllm_mlp_oracle import VLLMMLPSpeculator
 
 from speclab.speculator.base import Features, TargetInfo
 from speclab.speculator.families import build_speculator
-from speclab.speculator.targets import tiny_llama
+from speclab.speculator.target.builders import tiny_llama
 from speclab.sweeps.export import export_best
 from speclab.sweeps.results import weights_sha256
 
@@ -44,7 +44,7 @@ def size(out: Path) -> str:
 
 
 def demo_shaped_mlp(tmp: Path) -> tuple[float, float, str]:
-    from test_index import make_run
+    from test_run_rows import make_run
 
     info = TargetInfo(vocab_size=49152, hidden_size=576, num_layers=30, name="HuggingFaceTB/SmolLM2-135M-Instruct")
     counts = torch.randperm(info.vocab_size, generator=torch.Generator().manual_seed(1)).float()
@@ -53,7 +53,7 @@ def demo_shaped_mlp(tmp: Path) -> tuple[float, float, str]:
                                   info.with_counts(counts))
     runs = tmp / "runs"
     speculator.save(runs / "run" / "checkpoints" / "speculator",
-                    extra={"target_config": {"_target_": "speclab.speculator.targets.smollm2_from_gguf"}})
+                    extra={"target_config": {"_target_": "speclab.speculator.target.builders.smollm2_from_gguf"}})
     make_run(runs, "run", family="mlp", checkpoint="checkpoints/speculator",
              weights_sha256=weights_sha256(speculator.state_dict()), per_position=(0.3, 0.1, 0.05, 0.0))
     out = export_best(runs, tmp / "out")

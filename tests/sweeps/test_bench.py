@@ -7,7 +7,7 @@ from test_export import TINY_TARGET_CONFIG
 
 from speclab.speculator.base import TargetInfo
 from speclab.speculator.families import build_speculator
-from speclab.speculator.targets import tiny_llama
+from speclab.speculator.target.builders import tiny_llama
 from speclab.sweeps.cli import main
 
 DRAFT = {"num_layers": 1, "hidden_size": 32, "num_heads": 2, "intermediate_size": 64}

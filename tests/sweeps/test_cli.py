@@ -4,9 +4,9 @@ import types
 
 import pytest
 from test_export import TINY_TARGET_CONFIG, make_speculator_run
-from test_index import make_run
+from test_run_rows import make_run
 
-from speclab.speculator.targets import tiny_llama
+from speclab.speculator.target.builders import tiny_llama
 from speclab.sweeps.cli import main
 
 
@@ -175,8 +175,8 @@ def test_a_malformed_recorded_method_is_refused_in_one_line(runs, prompts_file, 
 
 @pytest.mark.parametrize("target_config, message", [
     ({"_target_": "os.system", "command": "echo pwned"}, "refusing target _target_"),
-    ({"_target_": "speclab.speculator.targets.shutil.rmtree", "path": "x"}, "refusing target _target_"),
-    ({"_target_": "speclab.speculator.targets.convert_gguf", "gguf": "a", "out_dir": "b"},
+    ({"_target_": "speclab.speculator.target.builders.shutil.rmtree", "path": "x"}, "refusing target _target_"),
+    ({"_target_": "speclab.speculator.target.builders.convert_gguf", "gguf": "a", "out_dir": "b"},
      "refusing target _target_"),
     ({**TINY_TARGET_CONFIG, "dtype": {"_target_": "os.getcwd"}}, "refusing target config key"),
 ])

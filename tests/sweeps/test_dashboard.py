@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 from chromium import Browser, artifacts_dir, find_chromium
-from test_index import make_run
+from test_run_rows import make_run
 
 from speclab.sweeps.dashboard.data import state
 from speclab.sweeps.dashboard.server import make_server

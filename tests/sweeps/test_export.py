@@ -2,18 +2,18 @@ import json
 
 import pytest
 import torch
-from test_index import make_run
+from test_run_rows import make_run
 
 from speclab.speculator.base import Features, TargetInfo
 from speclab.speculator.families import build_speculator
-from speclab.speculator.targets import tiny_llama
+from speclab.speculator.target.builders import tiny_llama
 from speclab.sweeps import export as export_module
 from speclab.sweeps.export import export_best
 from speclab.sweeps.export_formats import load_checkpoint
-from speclab.sweeps.index import NoEligibleRunError, rebuild
+from speclab.sweeps.run_rows import NoEligibleRunError, load_rows
 from speclab.sweeps.results import weights_sha256
 
-TINY_TARGET_CONFIG = {"_target_": "speclab.speculator.targets.tiny_llama", "seed": 0}
+TINY_TARGET_CONFIG = {"_target_": "speclab.speculator.target.builders.tiny_llama", "seed": 0}
 SMALL_SPECULATORS = {
     "mlp": {"n_predict": 2, "inner_dim": 16},
     "draft_lm": {"num_layers": 1, "hidden_size": 16, "num_heads": 2, "intermediate_size": 32},
@@ -140,4 +140,4 @@ def test_export_needs_an_eligible_run_and_its_checkpoint(tmp_path, tiny_target):
 def test_the_export_does_not_count_as_a_run(runs):
     root, _ = runs
     export_best(root, root / "best")
-    assert "best" not in {r["run_dir"] for r in rebuild(root)}
+    assert "best" not in {r["run_dir"] for r in load_rows(root)}

@@ -22,7 +22,7 @@ from interop import T, draft_lm_vs_transformers, eagle3_vs_speculators, load_in_
 from test_export_layouts import SPECS, exported, tensor_names
 from transformers import AutoModelForCausalLM
 
-from speclab.speculator.targets import tiny_llama
+from speclab.speculator.target.builders import tiny_llama
 from speclab.sweeps.export_mlp import MASKED
 
 ATOL = 1e-5

@@ -9,18 +9,18 @@ import json
 import pytest
 import torch
 from safetensors import safe_open
-from test_index import make_run
+from test_run_rows import make_run
 
 from speclab.speculator.base import TargetInfo
 from speclab.speculator.families import build_speculator
-from speclab.speculator.targets import tiny_llama
+from speclab.speculator.target.builders import tiny_llama
 from speclab.sweeps.cli import main
 from speclab.sweeps.export import export_best, scored_with
 from speclab.sweeps.engine_layouts import ExportContext, verifier_of
 from speclab.sweeps.export_formats import load_checkpoint
 from speclab.sweeps.results import weights_sha256
 
-TARGET_CONFIG = {"_target_": "speclab.speculator.targets.tiny_llama", "seed": 0, "num_layers": 4}
+TARGET_CONFIG = {"_target_": "speclab.speculator.target.builders.tiny_llama", "seed": 0, "num_layers": 4}
 # Small, with a reduced draft vocabulary where the family has one (d2t/t2d are exported).
 SPECS = {
     "mlp": {"n_predict": 3, "inner_dim": 16, "draft_vocab_size": 100},
@@ -111,7 +111,7 @@ def test_the_export_records_the_tree_it_was_scored_with(tmp_path, target):
 
 def test_eagle3_on_a_target_too_shallow_for_vllm_falls_back_with_the_reason(tmp_path, caplog):
     shallow = tiny_llama(seed=0)  # 2 layers: only ids 0, 1 are pre-norm, and vLLM fuses three
-    config = {"_target_": "speclab.speculator.targets.tiny_llama", "seed": 0}
+    config = {"_target_": "speclab.speculator.target.builders.tiny_llama", "seed": 0}
     _, out = exported(tmp_path, shallow, "eagle3", target_config=config)
     reason = "vLLM's EAGLE-3 reads exactly 3 distinct target layers"
     assert reason in caplog.text
@@ -207,10 +207,10 @@ def test_every_layout_reloads_with_speclab_eval_losslessly(tmp_path, target, fam
 
 
 def test_the_verifier_is_a_hub_id_for_a_known_target_and_a_local_path_otherwise(tmp_path, target):
-    smollm2 = ExportContext({"target_config": {"_target_": "speclab.speculator.targets.smollm2_from_gguf"}}, k=4)
+    smollm2 = ExportContext({"target_config": {"_target_": "speclab.speculator.target.builders.smollm2_from_gguf"}}, k=4)
     assert verifier_of(smollm2, "ignored", tmp_path) == ("HuggingFaceTB/SmolLM2-135M-Instruct", "LlamaForCausalLM")
     target.model.save_pretrained(tmp_path / "my-model")  # a user's local checkpoint
-    local = ExportContext({"target_config": {"_target_": "speclab.speculator.targets.hf_causal_lm",
+    local = ExportContext({"target_config": {"_target_": "speclab.speculator.target.builders.hf_causal_lm",
                                              "name_or_path": str(tmp_path / "my-model")}}, k=4)
     assert verifier_of(local, "ignored", tmp_path) == (str((tmp_path / "my-model").resolve()), "LlamaForCausalLM")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from speclab.speculator.targets import tiny_llama
+from speclab.speculator.target.builders import tiny_llama
 from speclab.sweeps import gpu_check
 
 CPU = torch.device("cpu")

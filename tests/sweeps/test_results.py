@@ -15,7 +15,7 @@ from speclab.sweeps.results import (
     write_result,
 )
 
-# DESIGN.md's result.json fields ("add more, never rename these")
+# docs/design.md's result.json fields ("add more, never rename these")
 DESIGN_FIELDS = {
     "run_id", "status", "error", "config", "speculator", "acceptance", "throughput",
     "lossless", "train", "checkpoint", "final_weights_sha256",

@@ -19,7 +19,7 @@ import torch
 from test_export import TINY_TARGET_CONFIG, make_speculator_run
 from test_sweeps_run import SMALLEST, TINY
 
-from speclab.speculator.targets import tiny_llama
+from speclab.speculator.target.builders import tiny_llama
 from speclab.sweeps import export as export_module
 from speclab.sweeps.cli import main
 from speclab.sweeps.target_spec import TargetSpecError, parse_target_spec, recorded_target
@@ -65,8 +65,9 @@ def _attacks(tmp_path) -> dict:
         "torch_load": {"_target_": "torch.load", "f": str(payload), "weights_only": False},
         "nested": {**TINY_TARGET_CONFIG, "dtype": {"_target_": "builtins.open", "file": str(victim), "mode": "w"}},
         "partial": {**TINY_TARGET_CONFIG, "_partial_": True},
-        "module_attribute": {"_target_": "speclab.speculator.targets.shutil.rmtree", "path": str(tmp_path)},
-        "not_a_builder": {"_target_": "speclab.speculator.targets.convert_gguf", "gguf": "a", "out_dir": "b"},
+        "module_attribute": {"_target_": "speclab.speculator.target.builders.shutil.rmtree", "path": str(tmp_path)},
+        "not_a_builder": {"_target_": "speclab.speculator.target.builders.convert_gguf", "gguf": "a", "out_dir": "b"},
+        "former_module_attribute": {"_target_": "speclab.speculator.targets.shutil.rmtree", "path": str(tmp_path)},
         "list": [TINY_TARGET_CONFIG],
     }
 
@@ -84,7 +85,7 @@ def _plant(run_dir, target_config) -> None:
 
 ATTACKS = [
     "interpolation", "interpolated_torch_load", "open", "copyfile", "torch_load", "nested", "partial",
-    "module_attribute", "not_a_builder", "list"]
+    "module_attribute", "not_a_builder", "former_module_attribute", "list"]
 
 
 @pytest.mark.parametrize("attack", ATTACKS)
@@ -615,7 +616,7 @@ def test_an_early_spike_cannot_poison_the_baseline():
 def test_a_literal_builder_argument_takes_only_its_values(monkeypatch):
     from typing import Literal
 
-    import speclab.speculator.targets as targets
+    import speclab.speculator.target.builders as targets
     from speclab.speculator.target import FrozenTarget
 
     def pick(mode: Literal["a", "b"] = "a") -> FrozenTarget:
@@ -623,7 +624,14 @@ def test_a_literal_builder_argument_takes_only_its_values(monkeypatch):
 
     pick.__module__ = targets.__name__
     monkeypatch.setattr(targets, "pick", pick, raising=False)
-    builder = "speclab.speculator.targets.pick"
+    builder = "speclab.speculator.target.builders.pick"
     assert parse_target_spec({"_target_": builder, "mode": "b"}).build() == "b"
     with pytest.raises(TargetSpecError, match="not one of"):
         parse_target_spec({"_target_": builder, "mode": "c"})
+
+
+def test_a_target_recorded_under_the_builders_former_module_is_the_same_builder():
+    spec = parse_target_spec({"_target_": "speclab.speculator.targets.tiny_llama", "seed": 3})
+    assert spec.builder == "speclab.speculator.target.builders.tiny_llama" and spec.kwargs == {"seed": 3}
+    with pytest.raises(TargetSpecError, match="refusing target _target_ 'speclab.speculator.targets.shutil.rmtree'"):
+        parse_target_spec({"_target_": "speclab.speculator.targets.shutil.rmtree"})

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from speclab.sweeps.cli import main
-from speclab.sweeps.index import load_rows
+from speclab.sweeps.run_rows import load_rows
 from speclab.sweeps.sweep import available_sweeps
 from speclab.sweeps.table import BASELINE_FAMILIES
 

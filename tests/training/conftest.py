@@ -1,6 +1,6 @@
 import pytest
 
-from speclab.speculator.targets import tiny_llama
+from speclab.speculator.target.builders import tiny_llama
 
 
 @pytest.fixture(scope="module")

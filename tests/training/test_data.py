@@ -7,7 +7,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from speclab.speculator.targets import tiny_llama
+from speclab.speculator.target.builders import tiny_llama
 from speclab.training import data as data_module
 from speclab.training import data_rounds, data_sources
 from speclab.training.data import DataBundle, DataConfig, build_dataset, split_records

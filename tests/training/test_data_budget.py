@@ -289,7 +289,7 @@ def test_self_distilled_features_are_the_generations_hidden_states_not_a_second_
 
 
 def test_data_generated_without_the_lean_runtime_has_features_from_a_pass(tmp_path):
-    from speclab.speculator.targets import tiny_llama
+    from speclab.speculator.target.builders import tiny_llama
 
     bundle = build_dataset(tiny_llama(runtime="hf"), distilled(20), tmp_path / "data", progress=False)
     assert bundle.hidden is None and not (bundle.path / "hidden.npy").exists()

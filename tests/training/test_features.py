@@ -90,7 +90,7 @@ def test_intermediate_layers_are_cached_per_id_and_added_on_demand(target, tmp_p
             for col, j in enumerate(ids):
                 # batched-with-padding vs alone reorders sums; the residual stream of this
                 # large-weight target reaches ~200, so the bound is 1e-5 of the layer's scale
-                # (as in test_targets.py), far below a wrong layer or position (O(1)).
+                # (as in test_builders.py), far below a wrong layer or position (O(1)).
                 expected = fresh.layers[j][0]
                 torch.testing.assert_close(got[:, col], expected, rtol=0, atol=1e-5 * expected.abs().max().item())
     # each layer adds H fp32 values per token, plus its .npy header (<= 256 bytes) over the tokens

@@ -6,7 +6,7 @@ import torch
 
 from speclab.speculator.base import Features, TargetInfo
 from speclab.speculator.families import build_speculator
-from speclab.speculator.targets import tiny_llama
+from speclab.speculator.target.builders import tiny_llama
 from speclab.training.losses import objective
 from speclab.training.module import SpeculatorModule
 

@@ -2,7 +2,7 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
-from speclab.speculator.targets import tiny_llama
+from speclab.speculator.target.builders import tiny_llama
 from speclab.training import self_distill
 from speclab.training.data_config import DataConfig
 from speclab.training.data_tokenize import tokenize, user_turn_prefix

@@ -19,7 +19,7 @@ from speclab.kernels.native.wide_gemm import WideChoice, WideLinear
 from speclab.kernels.util import machine_records
 from speclab.speculator.target import profile
 from speclab.speculator.target.measure import measure_profile
-from speclab.speculator.targets import tiny_llama
+from speclab.speculator.target.builders import tiny_llama
 
 WIDE_REL = 0.02
 pytestmark = pytest.mark.skipif(native.load() is None, reason="no C compiler: no native kernels to choose against")

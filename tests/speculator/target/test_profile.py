@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from speclab.kernels.util import machine_records, timing
-from speclab.speculator import dtype_choice
+from speclab.speculator.target import dtype_choice
 from speclab.kernels import native
 from speclab.kernels.native import pair_choice, wide_gemm
 from speclab.kernels.native.ops import NativeOps
@@ -15,7 +15,7 @@ from speclab.speculator.target import FrozenTarget, measure, profile
 from speclab.speculator.target.profile import (Bf16Path, DtypeChoice, MachineProfile, ProfileError, TargetProfile,
                                                WideEngine, target_fingerprint)
 from speclab.kernels.native.wide_gemm import WideChoice
-from speclab.speculator.targets import tiny_llama
+from speclab.speculator.target.builders import tiny_llama
 from speclab.sweeps.cli import main
 
 NATIVE = pytest.mark.skipif(native.load() is None, reason="no C compiler: no native kernels")

@@ -30,7 +30,8 @@ from torch import nn
 
 from speclab.kernels import native
 from speclab.kernels.native.ops import NativeOps, Weight
-from speclab.speculator.target.profile import kernel_choices
+
+from .target.profile import kernel_choices
 
 
 class _Packed:

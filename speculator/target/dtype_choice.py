@@ -17,8 +17,8 @@ import time
 
 import torch
 
-from speclab.speculator.target import FrozenTarget
-from speclab.speculator.target.profile import DTYPES, MachineProfile
+from .frozen import FrozenTarget
+from .profile import DTYPES, MachineProfile
 
 PREFILL, STEPS, ROUNDS = 64, 6, 3
 

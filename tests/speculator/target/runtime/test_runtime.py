@@ -18,11 +18,11 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from speclab.kernels import native
 from speclab.kernels.native.ops import NativeOps, TorchOps
-from speclab.speculator.runtime.config import UnsupportedModel, lean_config
-from speclab.speculator.runtime.generate import generate_batch, generation_cache_dtype
-from speclab.speculator.runtime.model import LeanDecoder
+from speclab.speculator.target.runtime.config import UnsupportedModel, lean_config
+from speclab.speculator.target.runtime.generate import generate_batch, generation_cache_dtype
+from speclab.speculator.target.runtime.model import LeanDecoder
 from speclab.speculator.target import FrozenTarget
-from speclab.speculator.targets import tiny_llama
+from speclab.speculator.target.builders import tiny_llama
 
 REL = 3e-5
 NATIVE = native.load() is not None
@@ -352,7 +352,7 @@ def test_compiled_torch_backend_computes_the_same(hf_model):
 
 @pytest.mark.skipif(not NATIVE, reason="no C compiler")
 def test_native_drafting_decode_like_torch_and_leave_training_alone():
-    from speclab.speculator.runtime.fast_linear import native_drafting
+    from speclab.speculator.fast_linear import native_drafting
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(40, 70), torch.nn.GELU(), torch.nn.Linear(70, 33, bias=False))

@@ -17,7 +17,7 @@ GENERATE_PROMPTS, GENERATE_TOKENS = 8, 128
 
 @pytest.fixture(scope="module")
 def target():
-    from speclab.speculator.targets import smollm2_from_gguf
+    from speclab.speculator.target.builders import smollm2_from_gguf
 
     return smollm2_from_gguf(dtype="fp32")
 
@@ -69,7 +69,7 @@ def test_greedy_output_equals_transformers_generate(target, prompts):
 @pytest.mark.parametrize("dtype, runtime, tokens", [("fp32", "lean", 48), ("bf16", "lean", 48), ("bf16", "hf", 16)])
 def test_speculative_decoding_is_lossless(prompts, dtype, runtime, tokens):
     """bf16 on the hf runtime is emulated and slow on AVX2-only machines: a short run."""
-    from speclab.speculator.targets import smollm2_from_gguf
+    from speclab.speculator.target.builders import smollm2_from_gguf
 
     target = smollm2_from_gguf(dtype=dtype, runtime=runtime)
     torch.manual_seed(0)

@@ -1,9 +1,8 @@
 import re
-import sqlite3
 
 import pytest
 
-from speclab.sweeps.index import INDEX_FILE, NoEligibleRunError, best, read_index, rebuild
+from speclab.sweeps.run_rows import NoEligibleRunError, best, load_rows
 from speclab.sweeps.results import EXPORT_MANIFEST, failed_result, new_result, read_result, write_result
 from speclab.sweeps.table import format_per_position, format_table
 
@@ -43,28 +42,23 @@ def runs(tmp_path):
     return root
 
 
-def test_rebuild_finds_every_run_and_writes_the_index(runs):
-    rows = rebuild(runs)
+def test_load_rows_finds_every_run(runs):
+    rows = load_rows(runs)
     assert [r["run_dir"] for r in rows] == ["lossy", "sweep/0", "sweep/1", "sweep/2", "unchecked"]
     by_id = {r["run_id"]: r for r in rows}
     assert by_id["sweep/2"]["status"] == "failed" and "out of memory" in by_id["sweep/2"]["error"]
     assert by_id["sweep/0"]["speedup"] == 1.30 and by_id["sweep/1"]["acceptance_length"] == 2.6
     assert by_id["lossy"]["mismatches"] == 2
-    stored = read_index(runs / INDEX_FILE)
-    assert [r["result"] for r in stored] == [r["result"] for r in rows]
-    with sqlite3.connect(runs / INDEX_FILE) as db:
-        assert db.execute("SELECT speedup FROM runs WHERE run_id = 'sweep/0'").fetchone() == (1.30,)
-    db.close()
+    assert [r["result"] for r in rows] == [read_result(runs / r["run_dir"]) for r in rows]
 
 
-def test_the_index_is_only_a_cache_of_the_run_directories(runs):
-    rebuild(runs)
+def test_the_rows_follow_the_run_directories(runs):
+    load_rows(runs)
     (runs / "lossy" / "result.json").unlink()
     make_run(runs, "late", speedup=1.0)
-    ids = {r["run_id"] for r in rebuild(runs)}
+    ids = {r["run_id"] for r in load_rows(runs)}
     assert "lossy" not in ids and "late" in ids
-    assert {r["run_id"] for r in read_index(runs / INDEX_FILE)} == ids
-    assert not [p for p in runs.iterdir() if p.name.endswith(".tmp")]
+    assert [p.name for p in runs.iterdir() if p.name.startswith(".")] == []  # reading writes nothing
 
 
 def test_best_skips_failed_lossy_and_unchecked_runs(runs):
@@ -85,7 +79,7 @@ def test_best_explains_when_no_run_qualifies(tmp_path):
 def test_an_unreadable_result_is_listed_but_never_best(runs):
     (runs / "broken").mkdir()
     (runs / "broken" / "result.json").write_text("{ truncated")
-    rows = {r["run_id"]: r for r in rebuild(runs)}
+    rows = {r["run_id"]: r for r in load_rows(runs)}
     assert rows["broken"]["status"] == "unreadable"
     assert best(runs)["run_id"] == "sweep/0"
 
@@ -93,19 +87,19 @@ def test_an_unreadable_result_is_listed_but_never_best(runs):
 def test_an_export_inside_the_runs_dir_is_not_a_run(runs):
     export = make_run(runs, "exported", speedup=9.0)
     (export / EXPORT_MANIFEST).write_text("{}")
-    assert "exported" not in {r["run_id"] for r in rebuild(runs)}
+    assert "exported" not in {r["run_id"] for r in load_rows(runs)}
 
 
 def test_a_missing_runs_dir_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        rebuild(tmp_path / "nope")
+        load_rows(tmp_path / "nope")
 
 
 # --- the runs table ---------------------------------------------------------------------
 
 
 def test_table_lists_runs_by_speedup_with_their_figures(runs):
-    lines = format_table(rebuild(runs)).splitlines()
+    lines = format_table(load_rows(runs)).splitlines()
     header = lines[0].split()
     assert header[:3] == ["run", "family", "params"] and "speedup" in header and "status" in header
     order = [line.split()[0] for line in lines[2:7]]
@@ -131,7 +125,7 @@ def test_rows_below_the_best_baseline_are_marked(tmp_path):
     make_run(root, "mlp", speedup=1.30)
     make_run(root, "eagle", speedup=1.50, family="eagle")
     make_run(root, "failed", status="failed")
-    lines = {line.split()[0]: line for line in format_table(rebuild(root)).splitlines()[2:8]}
+    lines = {line.split()[0]: line for line in format_table(load_rows(root)).splitlines()[2:8]}
     assert lines["mlp"].rstrip().endswith("below baseline (suffix 1.40x)")
     assert "below" not in lines["eagle"] and lines["eagle"].rstrip().endswith("completed")
     assert lines["ngram"].rstrip().endswith("baseline") and lines["suffix"].rstrip().endswith("baseline")
@@ -148,7 +142,7 @@ def test_a_suffix_reading_the_training_data_is_a_candidate_not_the_baseline(tmp_
     result["config"] = {"speculator": {"family": "suffix", "corpus_tokens": corpus}}
     write_result(with_corpus, result)
     make_run(root, "mlp", speedup=1.60)
-    lines = {line.split()[0]: line.rstrip() for line in format_table(rebuild(root)).splitlines()[2:5]}
+    lines = {line.split()[0]: line.rstrip() for line in format_table(load_rows(root)).splitlines()[2:5]}
     if corpus == 300_000:  # the bar stays the paper's drafter; the corpus run is read against it
         assert not lines["suffix-corpus"].endswith("baseline") and "below" not in lines["mlp"]
     else:  # no corpus (or none a reader can trust): the paper's drafter, the bar
@@ -164,7 +158,7 @@ def test_a_hybrid_row_says_whether_it_beats_its_parts(tmp_path):
         result = read_result(run_dir)
         result["parts"] = {"learned": {"speedup": parts[0]}, "suffix": {"speedup": parts[1]}}
         write_result(run_dir, result)
-    lines = {line.split()[0]: line.rstrip() for line in format_table(rebuild(root)).splitlines()[2:5]}
+    lines = {line.split()[0]: line.rstrip() for line in format_table(load_rows(root)).splitlines()[2:5]}
     assert lines["good"].endswith("beats its parts (learned 1.10x, suffix 1.80x)")
     assert lines["weak"].endswith("parts (learned 1.10x, suffix 1.80x)") and "beats" not in lines["weak"]
     assert "parts" not in lines["odd"]  # a malformed parts block is not shown
@@ -179,7 +173,7 @@ def test_the_table_shows_the_method_each_run_chose(tmp_path):
         result["method"] = {"chosen": chosen, "candidates": [], "verify_cost_ms": {"1": 1.0}}
         write_result(run_dir, result)
     make_run(root, "fixed", speedup=1.1)
-    table = format_table(rebuild(root)).splitlines()
+    table = format_table(load_rows(root)).splitlines()
     column = re.split(r"\s{2,}", table[0]).index("method")
     methods = {cells[0]: cells[column] for cells in (re.split(r"\s{2,}", line) for line in table[2:5])}
     assert methods == {"tree": "tree 8 (d4 x2)", "chain": "chain k=3", "fixed": "-"}
@@ -190,7 +184,3 @@ def test_per_position_is_compact_and_table_handles_no_runs():
     assert format_per_position([]) == "-"
     assert format_table([]) == "no runs"
 
-
-def test_an_unwritable_index_does_not_hide_the_runs(runs, tmp_path):
-    rows = rebuild(runs, index_path=tmp_path / "no-such-dir" / INDEX_FILE)
-    assert len(rows) == 5

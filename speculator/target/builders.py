@@ -20,8 +20,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 
 from speclab.kernels.util.cache_lock import build_lock, cache_root, publish_dir, work_dir_for
 
-from .target import FrozenTarget
-from speclab.speculator.target.profile import auto_dtype
+from .frozen import FrozenTarget
+from .profile import auto_dtype
 from .tiny_tokenizer import build_tiny_tokenizer
 
 log = logging.getLogger(__name__)

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from speclab.speculator import targets
-from speclab.speculator.targets import resolve_dtype, tiny_llama
+from speclab.speculator.target import builders as targets
+from speclab.speculator.target.builders import resolve_dtype, tiny_llama
 
 
 def test_tiny_target_is_identical_for_a_seed_and_frozen():

@@ -20,19 +20,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Sequence
 
-# The folder target/ (the machine profile) is this module's package path until the target's
-# modules join it there: `speclab.speculator.target.profile` then names the same file.
-__path__ = [str(Path(__file__).with_name("target"))]
-
 import torch
 from torch import nn
 from transformers import DynamicCache
 
+from speclab.kernels.native.ops import native_lib
+
+from .cpu_gemm import prefer_fast_small_gemm
+from .profile import KernelChoices, MachineProfile, kernel_choices
 from .runtime.cache import StaticKVCache
 from .runtime.config import UnsupportedModel
 from .runtime.model import LeanDecoder
-from speclab.kernels.native.ops import native_lib
-from speclab.speculator.target.profile import KernelChoices, MachineProfile, kernel_choices
 
 log = logging.getLogger(__name__)
 RUNTIMES = ("lean", "hf")
@@ -53,6 +51,7 @@ class FrozenTarget(nn.Module):
         """profile: the machine profile whose kernel choices the lean runtime is built with
         (default: the one recorded for this machine; profile.py). Nothing is timed here."""
         super().__init__()
+        prefer_fast_small_gemm()  # before this target's first GEMM (a no-op once chosen)
         if runtime not in RUNTIMES:
             raise ValueError(f"unknown target runtime {runtime!r}; valid: {', '.join(RUNTIMES)}")
         self.model = model.eval()
@@ -151,7 +150,7 @@ class FrozenTarget(nn.Module):
         with explicit position_ids this verifies a token tree in one pass (see `tree_mask`).
         invariant=False: a wide pass whose rows need not equal 1-row passes bit for bit (a
         prefill, a teacher-forced batch) may take the lean runtime's faster GEMM
-        (runtime/wide_gemm.py)."""
+        (speculator/runtime/wide_gemm.py)."""
         if self.lean is not None:
             if attention_mask is not None and attention_mask.dtype != torch.bool:
                 raise ValueError("the lean runtime takes a tree mask from tree_mask(), not a padding mask")

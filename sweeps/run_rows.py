@@ -1,38 +1,25 @@
-"""The results index: one SQLite row per run, rebuilt from the run directories.
+"""The results as rows: one per run directory, read from its result.json each time.
 
-Run directories (on a shared filesystem, written by many SLURM jobs) are the truth;
-the index is a cache, so it is always rebuilt from them and never updated in place.
-It is written to a temporary file and renamed, so a reader (the dashboard) never sees
-a half-built index.
+Run directories (on a shared filesystem, written by many SLURM jobs) are the only record:
+`speclab runs`, the dashboard, the sweep summaries, halving and `export --best` all read
+them through `load_rows`, so no copy of them can go stale.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
-import sqlite3
-import tempfile
 from pathlib import Path
-from typing import Any
 
-from .results import EXPORT_MANIFEST, RESULT_FILE, SHARED_FILE_MODE, read_result, result_problem
+from .results import EXPORT_MANIFEST, RESULT_FILE, read_result, result_problem
 
 log = logging.getLogger(__name__)
 
-INDEX_FILE = ".index.sqlite"
 # metric name -> (result.json section, field); always a measured figure, never training loss
 METRICS: dict[str, tuple[str, str]] = {
     "speedup": ("throughput", "speedup"),
     "acceptance_length": ("acceptance", "mean_acceptance_length"),
 }
-# SQLite columns besides `per_position` (JSON text) and `raw` (the whole result.json)
-COLUMNS = (
-    "run_dir", "run_id", "status", "error", "family", "params", "k", "acceptance_rate",
-    "acceptance_length", "baseline_tok_s", "spec_tok_s", "speedup", "checked_prompts",
-    "mismatches", "train_steps", "final_loss", "checkpoint", "final_weights_sha256",
-)
 
 
 class NoEligibleRunError(ValueError):
@@ -100,57 +87,6 @@ def _section(result: dict, key: str) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def rebuild(runs_dir: str | Path, index_path: str | Path | None = None) -> list[dict]:
-    """Rescan runs_dir, rewrite the SQLite index (default runs_dir/.index.sqlite), return the rows."""
-    root = _existing_dir(runs_dir)
-    rows = load_rows(root)
-    path = Path(index_path) if index_path else root / INDEX_FILE
-    try:
-        write_index(rows, path)
-    except (OSError, sqlite3.Error) as exc:  # e.g. someone else's read-only runs: the rows still stand
-        log.warning("could not write the results index %s: %s", path, exc)
-    return rows
-
-
-def write_index(rows: list[dict], index_path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(dir=index_path.parent, prefix=f".{index_path.name}.", suffix=".tmp")
-    os.fchmod(fd, SHARED_FILE_MODE)
-    os.close(fd)
-    try:
-        with sqlite3.connect(tmp) as db:
-            columns = ", ".join(f'"{c}"' for c in COLUMNS)
-            db.execute(f"CREATE TABLE runs ({columns}, per_position TEXT, raw TEXT NOT NULL)")
-            marks = ", ".join("?" * (len(COLUMNS) + 2))
-            db.executemany(
-                f"INSERT INTO runs VALUES ({marks})",
-                [[_sql_value(row[c]) for c in COLUMNS]
-                 + [json.dumps(row["per_position"]), json.dumps(row["result"])] for row in rows],
-            )
-        db.close()
-        os.replace(tmp, index_path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _sql_value(value: Any) -> Any:
-    """SQLite takes numbers, text and NULL; anything else (a malformed field) goes in as JSON."""
-    if value is None or isinstance(value, (int, float, str)):
-        return value
-    return json.dumps(value)
-
-
-def read_index(index_path: str | Path) -> list[dict]:
-    """The full results (raw result.json dicts, with `run_dir`) stored in an index."""
-    path = Path(index_path)
-    if not path.is_file():
-        raise FileNotFoundError(f"results index {path} does not exist; run `speclab runs` to build it")
-    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
-        stored = db.execute("SELECT run_dir, raw FROM runs ORDER BY run_dir").fetchall()
-    db.close()
-    return [row_of(json.loads(raw), run_dir) for run_dir, raw in stored]
-
-
 # --- choosing the best run ----------------------------------------------------------------
 
 
@@ -182,7 +118,7 @@ def best(runs_dir: str | Path, metric: str = "speedup") -> dict:
     """The eligible run with the highest measured `metric` (ties: the first run directory)."""
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; valid: {', '.join(METRICS)}")
-    rows = rebuild(runs_dir)
+    rows = load_rows(runs_dir)
     eligible = [row for row in rows if is_eligible(row, metric)]
     if not eligible:
         raise NoEligibleRunError(

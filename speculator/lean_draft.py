@@ -3,7 +3,7 @@
 Eager PyTorch runs one draft layer step as some sixty small ops (norms, rotary, attention's
 reshapes and softmax, the MLP's activation, the residuals): on SmolLM2's `eagle3` at 1M
 answers they were 1.2 ms of a 2.0 ms step whose projections took 0.8 ms. Here a layer step
-is nine native calls, those of the target's own lean decoder (model.py): the input norm(s),
+is nine native calls, those of the target's own lean decoder (target/runtime/model.py): the input norm(s),
 the fused q/k/v projection, the runtime's attention over a static KV cache (rotary applied
 there), o added into the residual in place, the fused gate/up, SiLU times up, down added
 into the residual.
@@ -28,8 +28,8 @@ from torch import nn
 
 from speclab.kernels.native.ops import NativeOps
 
-from ..layers import KV, DecoderLayer, FusedInputLayer, rope
-from .model import LeanDecoder
+from .layers import KV, DecoderLayer, FusedInputLayer, rope
+from .target.runtime.model import LeanDecoder
 
 
 def supports(layers: nn.ModuleList) -> bool:

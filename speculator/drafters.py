@@ -1,0 +1,36 @@
+"""The families that draft alone: every registered family but `hybrid`.
+
+hybrid.py builds its two parts (a learned family and the suffix drafter) from this table,
+and the registry (families.py) is this table plus hybrid; so hybrid needs nothing of the
+registry, and neither imports the other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from .base import Speculator
+from .draft_lm import DraftLM
+from .eagle import EagleSpeculator
+from .eagle3 import Eagle3Speculator
+from .hydra import HydraSpeculator
+from .lstm import LSTMSpeculator
+from .medusa import MedusaSpeculator
+from .mlp import MLPSpeculator
+from .ngram import NgramSpeculator
+from .suffix import SuffixSpeculator
+
+DRAFTERS: dict[str, type[Speculator]] = {cls.family: cls for cls in (
+    DraftLM, EagleSpeculator, Eagle3Speculator, HydraSpeculator, LSTMSpeculator,
+    MedusaSpeculator, MLPSpeculator, NgramSpeculator, SuffixSpeculator,
+)}
+
+
+def config_of(cls: type[Speculator], params: dict) -> Any:
+    """`cls`'s config from plain options, refusing an option it does not have."""
+    names = {f.name for f in dataclasses.fields(cls.Config)}
+    unknown = sorted(set(params) - names)
+    if unknown:
+        raise ValueError(f"unknown {cls.family} speculator option(s) {unknown}; valid: {sorted(names)}")
+    return cls.Config(**params)
