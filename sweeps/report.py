@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import plot_leaderboard
-from .index import load_rows
+from .run_rows import load_rows
 from .records import RUN_COLUMNS, latest_printout, number, read_record, scorings
 from .table import (align, best_baseline, format_lossless, format_method, format_params, format_per_position,
                     note, sort_by_speedup)
