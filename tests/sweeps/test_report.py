@@ -6,7 +6,7 @@ import csv
 import json
 
 import pytest
-from test_index import make_run
+from test_run_rows import make_run
 
 from speclab.sweeps import report
 from speclab.sweeps.results import write_result
