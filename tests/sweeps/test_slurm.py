@@ -61,7 +61,7 @@ def test_a_two_task_job_shards_the_data_and_a_preempted_job_resumes_its_run(tmp_
     runs = tmp_path / "runs"
     cmd = [sys.executable, "-c", "from speclab.sweeps.cli import main; raise SystemExit(main())", "train", "-m",
            "hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=2", "hydra.launcher.timeout_min=15",
-           "+data.shards=2", "speculator=mlp", f"runs_dir={runs}", "hydra.sweep.dir=" + str(runs / "sweep"),
+           "++data.shards=2", "speculator=mlp", f"runs_dir={runs}", "hydra.sweep.dir=" + str(runs / "sweep"),
            *TINY, *SMALLEST, "training.max_steps=12",
            # Training stops making progress at step 8 (a checkpoint at 5 is complete), so the
            # preemption lands mid-training however slow the job's checkpoint-and-requeue is.
