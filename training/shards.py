@@ -52,17 +52,19 @@ def shard_plan(shards: int, shard: int | None = None, env: dict | None = None) -
         shard = int(env["SLURM_ARRAY_TASK_ID"]) - int(env.get("SLURM_ARRAY_TASK_MIN", 0))
         tasks = int(env.get("SLURM_ARRAY_TASK_COUNT", shards))
         if tasks != shards:
-            raise ValueError(f"data.shards={shards} but the SLURM array has {tasks} tasks: submit --array=0-{shards - 1} "
-                             f"or set data.shards={tasks}")
+            raise ValueError(f"data.shards={shards} but the SLURM array has {tasks} tasks: "
+                             f"submit --array=0-{shards - 1} or set data.shards={tasks}")
     elif shard is None and int(env.get(_TASKS[0], env.get(_TASKS[1], 1))) > 1:
         tasks, task = _job_task(env)
         if tasks != shards:
-            raise ValueError(f"data.shards={shards} but this job runs {tasks} tasks, one shard each: set data.shards={tasks}")
+            raise ValueError(f"data.shards={shards} but this job runs {tasks} tasks, one shard each: "
+                             f"set data.shards={tasks}")
         shard = task
     elif shard is None and "RANK" in env and shards > 1:
         shard, world = int(env["RANK"]), int(env.get("WORLD_SIZE", shards))
         if world != shards:
-            raise ValueError(f"data.shards={shards} but this process is rank {shard} of {world}: set data.shards={world}")
+            raise ValueError(f"data.shards={shards} but this process is rank {shard} of {world}: "
+                             f"set data.shards={world}")
     if shard is not None and not 0 <= shard < shards:
         raise ValueError(f"data.shard={shard} is outside data.shards={shards} (shards are 0..{shards - 1})")
     return ShardPlan(shards, shard if shards > 1 else None)
