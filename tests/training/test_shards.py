@@ -57,7 +57,6 @@ def assert_same_data(a, b):
     assert ma["growth"]["rounds"] >= 2
 
 
-@pytest.mark.slow
 def test_two_processes_build_the_data_and_features_one_process_builds(tmp_path):
     build_in(tmp_path / "one", 1)
     build_in(tmp_path / "two", 2)
