@@ -29,6 +29,7 @@ from speclab.training.features import (FeatureDataset, assistant_token_counts, b
                                        training_answers)
 from speclab.training.stages import stage_configs, stage_data
 from speclab.training.checkpoint import final_weights
+from speclab.training.shards import shard_plan
 from speclab.training.supervisor import CHECKPOINTS, SupervisorConfig, supervise
 from speclab.training.ranks import configured_world_size
 from speclab.training.train import fit
@@ -80,7 +81,8 @@ def prepare(cfg: DictConfig) -> Prepared:
             build_config(cfg.speculator.family, _params(cfg.speculator)), target.num_layers)
         stores = [build_feature_store(target, d.train, d.fingerprint, cache_root() / "features",
                                       dtype=cfg.training.feature_dtype, batch_size=cfg.training.feature_batch_size,
-                                      layer_ids=layer_ids, generated=d.hidden) for d in stages]
+                                      layer_ids=layer_ids, generated=d.hidden,
+                                      shards=shard_plan(base.get("shards", 1), base.get("shard"))) for d in stages]
         stats["feature_cache"] = [cache_report(s) for s in stores]
         log.info("feature caches (tokens, bytes, seconds, tok/s): %s", stats["feature_cache"])
         counts = sum(assistant_token_counts(s, target.vocab_size) for s in stores)

@@ -22,6 +22,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from .config_check import ConfigRangeError, check_config
+from .job_tasks import build_share, job_task
 from .run_rows import metric_value, row_of
 from .resume import check_run_dir_free, config_hash, digest, find_completed
 from .results import PROCESS_FILE, failed_result, read_result, write_json_atomic, write_result
@@ -60,6 +61,9 @@ def main(cfg: DictConfig) -> float | None:
         if done is not None:
             return skipped(run_dir, done)
         check_run_dir_free(run_dir, wanted)
+    task = job_task()
+    if task.rank > 0:  # a job of several tasks: this one builds its shard, task 0 runs
+        return build_share(cfg, task)
     from .experiment import run_experiment  # torch, transformers, lightning: not needed to skip
 
     mark_process(run_dir)

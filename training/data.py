@@ -19,7 +19,9 @@ stores), kept while the answers were generated, so the feature cache is a copy o
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import logging
 import shutil
 import time
@@ -33,10 +35,12 @@ from speclab.kernels.util.cache_lock import build_lock, work_dir_for
 from speclab.speculator.target import FrozenTarget
 from speclab.speculator.target.builders import cache_root
 
-from .data_cache import (HIDDEN_FILE, bundle_bytes, data_fingerprint, publish, read_bundle, replace_bundle,
-                         write_bundle)
+from .data_cache import (HIDDEN_FILE, META_FILE, bundle_bytes, data_fingerprint, publish, read_bundle,
+                         replace_bundle, write_bundle)
 from .data_config import SOURCES, DataConfig
-from .data_rounds import Growth, add_stats, next_round, split_records, with_rates
+from .data_rounds import Growth, Round, add_stats, next_round, split_records, with_rates
+from .data_shards import RoundShards
+from .shards import ShardPlan, drop_shards, shard_plan
 from .data_sources import datasets_progress
 
 log = logging.getLogger(__name__)
@@ -83,6 +87,9 @@ def build_dataset(target: FrozenTarget, cfg: DataConfig, cache_dir: Path | None 
         bundle = _select(*cached, cfg, fingerprint, final, from_cache=True)
         log.info("data %s loaded from cache %s: %s", fingerprint, final, bundle.stats.get("cache"))
         return bundle
+    plan = shard_plan(cfg.shards, cfg.shard)
+    if plan.count > 1:
+        return _build_in_shards(target, cfg, plan, final, progress, exclude)
     with build_lock(final):  # a second writer waits here, then reuses (or extends) the first one's bundle
         cached = read_bundle(final, fingerprint)
         if cached is not None and _covers(cached[2], cfg):
@@ -95,24 +102,81 @@ def build_dataset(target: FrozenTarget, cfg: DataConfig, cache_dir: Path | None 
         # Published after every round: a build stopped at any point (killed, out of disk, a
         # failed generation) keeps every finished round, and the next run extends from there.
         while cached is None or not _covers(cached[2], cfg):
-            work = work_dir_for(root / fingerprint)
-            try:
-                with datasets_progress(progress):
-                    train, heldout, meta = _grow(target, cfg, cached, work, progress, exclude,
-                                                 final if cached is not None else None)
-                    appended = meta["appended"] = _added(appended, meta["appended"])
-                    write_bundle(work, fingerprint, train, heldout,
-                                 {"config": dataclasses.asdict(cfg), "target": target.name, **meta})
-                (replace_bundle if cached is not None else publish)(work, final)
-            finally:
-                shutil.rmtree(work, ignore_errors=True)  # gone already unless the round failed
-            # Reloaded from the published bundle: the train set is memory-mapped from the cache.
-            cached = read_bundle(final, fingerprint)
-            if cached is None:
-                raise RuntimeError(f"data bundle {final} is unreadable right after it was written")
+            cached, appended = _publish_round(target, cfg, cached, final, appended, progress, exclude)
     bundle = _select(*cached, cfg, fingerprint, final)
     log.info("data %s %s: %s", fingerprint, "extended" if extended else "built", bundle.stats["cache"])
     return bundle
+
+
+def _publish_round(target: FrozenTarget, cfg: DataConfig, cached, final: Path, appended: dict | None,
+                   progress: bool, exclude: list[str], rnd: Round | None = None) -> tuple[tuple, dict]:
+    """One more round on the bundle `cached` (None: none yet), published at `final` and read
+    back (the train set memory-mapped from the cache). Returns it and what this call appended."""
+    fingerprint = final.name
+    work = work_dir_for(final)
+    try:
+        with datasets_progress(progress):
+            train, heldout, meta = _grow(target, cfg, cached, work, progress, exclude,
+                                         final if cached is not None else None, rnd)
+            appended = meta["appended"] = _added(appended, meta["appended"])
+            write_bundle(work, fingerprint, train, heldout,
+                         {"config": dataclasses.asdict(cfg), "target": target.name, **meta})
+        (replace_bundle if cached is not None else publish)(work, final)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # gone already unless the round failed
+    cached = read_bundle(final, fingerprint)
+    if cached is None:
+        raise RuntimeError(f"data bundle {final} is unreadable right after it was written")
+    return cached, appended
+
+
+def _build_in_shards(target: FrozenTarget, cfg: DataConfig, plan: ShardPlan, final: Path, progress: bool,
+                     exclude: list[str]) -> DataBundle:
+    """build_dataset with each round answered in shards (data_shards.py): the shards are built
+    outside the bundle's lock, so that processes build theirs at once, and the first process
+    to take the lock with every shard of the round at hand merges it; the others find the
+    round merged and go on to the next."""
+    fingerprint, appended, built = final.name, None, False
+    rounds = final.parent / f"{fingerprint}.shards"
+    while True:
+        cached = read_bundle(final, fingerprint)
+        if cached is not None and "growth" not in cached[2]:
+            raise ValueError(f"data bundle {final} predates rounds and cannot be extended in shards: "
+                             "rebuild it with data.shards=1")
+        if cached is not None and _covers(cached[2], cfg):
+            break
+        r = cached[2]["growth"]["rounds"] if cached is not None else 0
+        entry = rounds / f"round-{r}"
+        shards = RoundShards(entry, plan, lambda: _rounds_in(final) > r)
+        work, t0 = work_dir_for(final), time.perf_counter()
+        try:
+            rnd = next_round(target, cfg, Growth(**cached[2]["growth"]) if cached else Growth(), work, progress,
+                             exclude, shards)
+        except FileNotFoundError:
+            if _rounds_in(final) > r:
+                continue  # another process merged the round and dropped its shards as this one read them
+            raise
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        rnd.stats["build_seconds"] = time.perf_counter() - t0  # the round's wall time in this process
+        with build_lock(final):
+            if _rounds_in(final) == r:
+                _, appended = _publish_round(target, cfg, cached, final, appended, progress, exclude, rnd)
+                built = True
+        drop_shards(entry)
+    with contextlib.suppress(OSError):  # empty unless another process still looks (then it stays)
+        rounds.rmdir()
+    bundle = _select(*cached, cfg, fingerprint, final, from_cache=not built)
+    log.info("data %s built in %d shards: %s", fingerprint, plan.count, bundle.stats["cache"])
+    return bundle
+
+
+def _rounds_in(final: Path) -> int:
+    """Rounds the published bundle holds, from its meta alone (cheap; 0 without one)."""
+    try:
+        return json.loads((final / META_FILE).read_text())["growth"]["rounds"]
+    except (OSError, ValueError, KeyError):
+        return 0
 
 
 def _added(before: dict | None, now: dict) -> dict:
@@ -130,9 +194,9 @@ def _covers(meta: dict, cfg: DataConfig) -> bool:
 
 
 def _grow(target: FrozenTarget, cfg: DataConfig, start, work: Path, progress: bool,
-          exclude: list[str], previous: Path | None = None) -> tuple[datasets.Dataset, list[dict], dict]:
+          exclude: list[str], previous: Path | None = None, rnd: Round | None = None) -> tuple[datasets.Dataset, list[dict], dict]:
     """One more round on `start` (a cached bundle read from `previous`, or None; build_dataset
-    loops until the budget is met). Returns the whole train set, the held-out rows and the meta the next
+    loops until the budget is met); `rnd`: that round, where it was answered in shards. Returns the whole train set, the held-out rows and the meta the next
     round or extension continues from."""
     t0 = time.perf_counter()
     old, heldout, meta = start if start is not None else (None, [], {})
@@ -140,7 +204,8 @@ def _grow(target: FrozenTarget, cfg: DataConfig, start, work: Path, progress: bo
     stats = meta.get("stats", {}).get("build", {})
     lengths, loss_tokens = list(meta.get("lengths", [])), list(meta.get("loss_tokens", []))
     round_ends = list(meta.get("round_ends", []))  # examples in the bundle after each round
-    rnd = next_round(target, cfg, growth, work, progress, exclude)
+    if rnd is None:  # else built already, in shards
+        rnd = next_round(target, cfg, growth, work, progress, exclude)
     examples = [e.truncated(cfg.max_seq_len) for e in rnd.examples]
     new = [e for e in examples if any(e.loss_mask)]  # a prompt longer than max_seq_len trains nothing
     if growth.rounds == 0:

@@ -103,6 +103,16 @@ class DataConfig:
     """System prompt the responses are generated (and trained) under. None: the template's
     default, i.e. the prompt as evaluation renders a bare user turn."""
 
+    # --- building in shards (training/shards.py) ----------------------------------------
+    shards: int = 1
+    """Processes a build is split across: each round's answers (self_distill, code_prompts)
+    and the feature pass, each shard its own cache entry, merged into the one cache a
+    one-process build makes (bitwise the same). 1: one process builds all."""
+    shard: int | None = None
+    """This process's shard, 0..shards-1. None: its SLURM array task (SLURM_ARRAY_TASK_ID -
+    SLURM_ARRAY_TASK_MIN), else its torch.distributed RANK, else none (it builds every shard
+    in turn). Any process also builds the shards nobody has started."""
+
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
             raise ValueError(f"unknown data source {self.source!r}; valid: {', '.join(SOURCES)}")
@@ -130,6 +140,9 @@ class DataConfig:
             raise ValueError("data.prompt_temperature must be > 0 and data.prompt_top_p in (0, 1]")
         if self.prompt_sampling_budget < 1:
             raise ValueError("data.prompt_sampling_budget must be >= 1")
+        if self.shards < 1 or self.shard is not None and not 0 <= self.shard < self.shards:
+            raise ValueError(f"data.shard={self.shard} and data.shards={self.shards}: need shards >= 1 and "
+                             f"0 <= shard < shards")
         self.system_prompts = list(self.system_prompts)  # a Hydra ListConfig becomes a list
 
 
@@ -153,7 +166,8 @@ _IGNORED_BY_SOURCE: dict[str, set[str]] = {
 }
 # The budget only says how many rounds to build and how long a prefix to train on: runs
 # with different budgets share one cache, which grows (appends) when a bigger one asks.
-_NEVER_FINGERPRINTED = {"max_tokens"}
+# Shards split how the data is built, never what it is.
+_NEVER_FINGERPRINTED = {"max_tokens", "shards", "shard"}
 
 
 def fields_that_matter(cfg: DataConfig) -> dict:

@@ -27,6 +27,7 @@ from speclab.speculator.target import FrozenTarget
 
 from .code_source import PromptMiner, python_files, read_source, roots_of
 from .data_config import DataConfig
+from .data_shards import RoundShards
 from .data_sources import Record, load_rows, normalise, to_records
 from .data_tokenize import Encoded, encode_chat, encode_chunks, encode_text
 from .self_distill import SampledPrompts, distill_responses, response_messages, sample_prompts
@@ -64,9 +65,10 @@ def round_seed(seed: int, r: int) -> int:
 
 
 def next_round(target: FrozenTarget, cfg: DataConfig, growth: Growth, work: Path, progress: bool,
-               exclude: list[str]) -> Round:
+               exclude: list[str], shards: RoundShards | None = None) -> Round:
+    """`shards`: the round's shared entry where its answering is split across processes."""
     if cfg.source in ("self_distill", "code_prompts"):
-        return _distilled_round(target, cfg, growth, progress, exclude)
+        return _distilled_round(target, cfg, growth, progress, exclude, shards)
     if cfg.source == "code_corpus":
         return _corpus_round(target, cfg, growth)
     if growth.rounds > 0:  # a file or hub source gives everything in round 0
@@ -92,9 +94,8 @@ def _mined(cfg: DataConfig, r: int, exclude: list[str]) -> list[str]:
     return mined
 
 
-def _distilled_round(target: FrozenTarget, cfg: DataConfig, growth: Growth, progress: bool,
-                     exclude: list[str]) -> Round:
-    r = growth.rounds
+def _chosen_prompts(target: FrozenTarget, cfg: DataConfig, r: int, progress: bool, exclude: list[str]) -> dict:
+    """Round r's candidate prompts, mined and sampled (JSON-able: a sharded round shares it)."""
     wanted = cfg.num_prompts + (cfg.heldout_size if r == 0 else 0)
     t0 = time.perf_counter()
     code = _mined(cfg, r, exclude)
@@ -102,6 +103,17 @@ def _distilled_round(target: FrozenTarget, cfg: DataConfig, growth: Growth, prog
     chat_wanted = wanted - _code_share(cfg, wanted)
     sampled = (sample_prompts(target, dataclasses.replace(cfg, seed=round_seed(cfg.seed, r)), chat_wanted, progress)
                if chat_wanted else SampledPrompts([], 0, 0, 0.0))
+    return {"code": code, "mine_seconds": mine_seconds, "sampled": dataclasses.asdict(sampled)}
+
+
+def _distilled_round(target: FrozenTarget, cfg: DataConfig, growth: Growth, progress: bool,
+                     exclude: list[str], shards: RoundShards | None) -> Round:
+    r = growth.rounds
+
+    def choose() -> dict:
+        return _chosen_prompts(target, cfg, r, progress, exclude)
+    chosen = shards.prompts(choose) if shards is not None else choose()
+    code, mine_seconds, sampled = chosen["code"], chosen["mine_seconds"], SampledPrompts(**chosen["sampled"])
     records = [Record(key=p, messages=response_messages(cfg, p)) for p in code + sampled.prompts]
     if r == 0:
         if len(records) <= cfg.heldout_size:
@@ -114,7 +126,9 @@ def _distilled_round(target: FrozenTarget, cfg: DataConfig, growth: Growth, prog
     else:
         train, heldout = _new_only(records, growth), []
         duplicates = len(records) - len(train)
-    examples, replies = distill_responses(target, cfg, [rec.key for rec in train], progress)
+    keys = [rec.key for rec in train]
+    examples, replies = (shards.distill(target, cfg, keys, progress) if shards is not None
+                         else distill_responses(target, cfg, keys, progress))
     stats = {
         "prompts_sampled": sampled.samples, "prompts_kept": len(sampled.prompts), "prompts_mined": len(code),
         "prompt_mine_seconds": mine_seconds, "duplicates_removed": duplicates,

@@ -38,6 +38,8 @@ from speclab.kernels.util.cache_lock import build_lock, ensure_free_space, publi
 from speclab.speculator.base import Features
 from speclab.speculator.target import FrozenTarget
 
+from .shards import ShardPlan, batches_of, build_shards, drop_shards
+
 COMPLETE_MARKER = "COMPLETE"
 _NP_DTYPES = {"fp32": np.float32, "fp16": np.float16, "bf16": np.float32}
 # numpy has no bfloat16: bf16 features are stored as the upper halves of fp32 words.
@@ -104,23 +106,32 @@ def feature_fingerprint(data_fingerprint: str, target: FrozenTarget, dtype: str)
 
 def build_feature_store(target: FrozenTarget, examples, data_fingerprint: str, cache_dir: Path,
                         dtype: str = "fp32", batch_size: int = 8, progress: bool = True,
-                        layer_ids: Sequence[int] = (), generated: np.ndarray | None = None) -> FeatureStore:
+                        layer_ids: Sequence[int] = (), generated: np.ndarray | None = None,
+                        shards: ShardPlan = ShardPlan()) -> FeatureStore:
     """Run the target teacher-forced over every example once; reuse the cache after.
     `layer_ids` (HF hidden_states ids) are added to the store by an extra pass when missing.
     `generated`: the examples' hidden states, [tokens, H] fp32 (DataBundle.hidden); copied in
-    place of the pass when it has exactly one row per token of `examples`."""
+    place of the pass when it has exactly one row per token of `examples`.
+    `shards`: a new store's pass split across processes (training/shards.py); an extension
+    and the layer passes run in one process."""
     if dtype not in _NP_DTYPES:
         raise ValueError(f"unknown feature_dtype {dtype!r}; valid: {sorted(_NP_DTYPES)}")
     out = cache_dir / feature_fingerprint(data_fingerprint, target, dtype)
     passes = []  # (tokens, seconds, rows copied from `generated`) of each build step this call made
     store = _complete_store(out)
+    parts = None
+    if store is None and shards.count > 1:
+        parts = _pass_in_shards(target, examples, out, dtype, batch_size, progress, shards, generated)
     if store is None:
         with build_lock(out):  # a second writer waits here, then reuses the first one's store
             store = _complete_store(out)
             if store is None:
                 shutil.rmtree(out, ignore_errors=True)  # absent or damaged: rebuilt, never trusted
-                passes.append(_write_feature_store(target, examples, out, dtype, batch_size, progress, generated))
+                passes.append(_write_feature_store(target, examples, out, dtype, batch_size, progress, generated,
+                                                   parts))
                 store = open_feature_store(out)
+        if parts is not None:
+            drop_shards(parts.entry)
     if not _holds(store, examples):  # a bigger data budget: append the new examples' rows
         with build_lock(out):
             store = open_feature_store(out)
@@ -205,25 +216,79 @@ def _new_memmap(path: Path, target: FrozenTarget, tokens: int, dtype: str) -> np
     return array
 
 
+@dataclass
+class PassShards:
+    """A feature pass's shards: each holds `index.npy` (its examples, in the order their rows
+    follow) and `hidden.npy` (those rows, stored as the store stores them)."""
+
+    entry: Path
+    folders: list[Path]
+    tokens: int  # the target ran over in this process
+    seconds: float
+
+
+def _pass_in_shards(target: FrozenTarget, examples, out: Path, dtype: str, batch_size: int, progress: bool,
+                    plan: ShardPlan, generated: np.ndarray | None) -> PassShards | None:
+    """Every shard of a new store's pass built (training/shards.py): shard k runs batches
+    k, k+n, ... of the pass's longest-first order, so each batch is the one a one-process
+    pass runs and the rows are bitwise its rows. None where the rows are copied, not computed."""
+    ids = [list(e["input_ids"]) for e in examples]
+    lengths = np.array([len(x) for x in ids], dtype=np.int64)
+    if _matching(generated, int(lengths.sum()), target) is not None:
+        return None
+    order = np.argsort(-lengths, kind="stable").tolist()  # as _target_passes orders them
+    entry, ran = out.parent / f"{out.name}.shards", [0, 0.0]
+
+    def build(k: int, folder: Path) -> None:
+        t0 = time.perf_counter()
+        index = batches_of(order, batch_size, k, plan.count)
+        part = [ids[i] for i in index]
+        starts = np.concatenate([[0], np.cumsum([len(x) for x in part])]).astype(np.int64)
+        np.save(folder / "index.npy", np.asarray(index, dtype=np.int64))
+        if not index:  # fewer batches than shards
+            return
+        hidden = _new_memmap(folder / "hidden.npy", target, int(starts[-1]), dtype)
+        for j, batch_out, row, n in _target_passes(target, part, batch_size, progress):
+            _store_rows(hidden, int(starts[j]), batch_out.hidden[row, :n], dtype)
+        hidden.flush()
+        ran[0], ran[1] = ran[0] + int(starts[-1]), ran[1] + time.perf_counter() - t0
+
+    folders = build_shards(entry, plan, build, lambda: (out / COMPLETE_MARKER).is_file())
+    return PassShards(entry, folders, ran[0], ran[1])
+
+
+def _merge_pass(parts: PassShards, hidden: np.ndarray, offsets: np.ndarray) -> None:
+    for folder in parts.folders:
+        index, at = np.load(folder / "index.npy"), 0
+        rows = np.load(folder / "hidden.npy", mmap_mode="r") if index.size else None
+        for i in index.tolist():
+            lo, hi = int(offsets[i]), int(offsets[i + 1])
+            hidden[lo:hi] = rows[at : at + hi - lo]
+            at += hi - lo
+
+
 def _write_feature_store(target, examples, out: Path, dtype: str, batch_size: int, progress: bool,
-                         generated: np.ndarray | None) -> tuple[int, float, int]:
-    """A new store of every example: (tokens the target ran over, seconds, rows copied)."""
+                         generated: np.ndarray | None, parts: PassShards | None = None) -> tuple[int, float, int]:
+    """A new store of every example: (tokens the target ran over, seconds, rows copied).
+    `parts`: the pass's rows, computed in shards (this process's share counted)."""
     ids = [list(e["input_ids"]) for e in examples]
     masks = [list(e["loss_mask"]) for e in examples]
     offsets = np.concatenate([[0], np.cumsum([len(x) for x in ids])]).astype(np.int64)
     generated = _matching(generated, int(offsets[-1]), target)
     tmp = work_dir_for(out)  # this writer's own folder: never shared with a concurrent build
     try:
-        seconds = _fill_feature_store(target, ids, masks, offsets, tmp, dtype, batch_size, progress, generated)
+        seconds = _fill_feature_store(target, ids, masks, offsets, tmp, dtype, batch_size, progress, generated, parts)
         publish_dir(tmp, out)
         tokens = int(offsets[-1])
+        if parts is not None:
+            return parts.tokens, parts.seconds + seconds, 0
         return (0, seconds, tokens) if generated is not None else (tokens, seconds, 0)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # gone already unless the build failed
 
 
 def _fill_feature_store(target, ids, masks, offsets, tmp: Path, dtype: str, batch_size: int, progress: bool,
-                        generated: np.ndarray | None) -> float:
+                        generated: np.ndarray | None, parts: PassShards | None = None) -> float:
     t0 = time.perf_counter()
     np.save(tmp / "offsets.npy", offsets)
     np.save(tmp / "input_ids.npy", np.concatenate([np.asarray(x, dtype=np.int32) for x in ids]))
@@ -232,8 +297,11 @@ def _fill_feature_store(target, ids, masks, offsets, tmp: Path, dtype: str, batc
         _copy_generated(generated, tmp / "hidden.npy", target, dtype)
     else:
         hidden = _new_memmap(tmp / "hidden.npy", target, int(offsets[-1]), dtype)
-        for i, batch_out, row, n in _target_passes(target, ids, batch_size, progress):
-            _store_rows(hidden, int(offsets[i]), batch_out.hidden[row, :n], dtype)
+        if parts is not None:
+            _merge_pass(parts, hidden, offsets)
+        else:
+            for i, batch_out, row, n in _target_passes(target, ids, batch_size, progress):
+                _store_rows(hidden, int(offsets[i]), batch_out.hidden[row, :n], dtype)
         hidden.flush()
         del hidden
     seconds = time.perf_counter() - t0

@@ -110,7 +110,7 @@ def generate_batched(target: FrozenTarget, prompts: list[list[int]], gen: Genera
     runtime gives them for every token of every prompt + reply.
     """
     end_ids = target.eos_token_ids
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    order = length_order(prompts)
     replies: list[list[int]] = [[] for _ in prompts]
     hidden: list[torch.Tensor | None] = [None] * len(prompts)
     finished = [False] * len(prompts)
@@ -220,8 +220,23 @@ def distill_responses(target: FrozenTarget, cfg: DataConfig, prompts: list[str],
                       progress: bool = True) -> tuple[list[Encoded], Generated]:
     """Answer each prompt greedily with the target; one encoded example per prompt (and, on
     the lean runtime, `Generated.hidden`: each example's feature rows)."""
-    contexts = [prompt_ids(target.tokenizer, response_messages(cfg, p)) for p in prompts]
-    gen = _generation_config(target, cfg.max_response_tokens, do_sample=False)
-    out = generate_batched(target, contexts, gen, generation_batch_size(target, cfg), "self-distilling responses", progress,
-                           keep_hidden=True)
+    contexts = response_contexts(target, cfg, prompts)
+    out = answer(target, cfg, contexts, progress)
     return [encode_prompt_reply(c, r) for c, r in zip(contexts, out.replies)], out
+
+
+def response_contexts(target: FrozenTarget, cfg: DataConfig, prompts: list[str]) -> list[list[int]]:
+    """Each prompt's token ids up to where the assistant's answer starts."""
+    return [prompt_ids(target.tokenizer, response_messages(cfg, p)) for p in prompts]
+
+
+def answer(target: FrozenTarget, cfg: DataConfig, contexts: list[list[int]], progress: bool = True) -> Generated:
+    """The target's greedy answers to `contexts`, with their hidden states where kept."""
+    gen = _generation_config(target, cfg.max_response_tokens, do_sample=False)
+    return generate_batched(target, contexts, gen, generation_batch_size(target, cfg), "self-distilling responses",
+                            progress, keep_hidden=True)
+
+
+def length_order(rows: list[list[int]]) -> list[int]:
+    """The order `generate_batched` batches rows in: by length, ties in input order."""
+    return sorted(range(len(rows)), key=lambda i: len(rows[i]))
