@@ -32,7 +32,7 @@ little more than one; a CPU pays nearly per token).
    than chains of 4, 6 and 8 differ, so its fastest was a coin toss among them; their
    acceptance is measured without that noise (greedy decoding is deterministic), and scored
    on 16 prompts the longer chain won (`suffix_corpus`: 1.94x / 2.01x / 2.03x at k = 4 / 6
-   / 8, docs/results.md).
+   / 8, docs/archive/results-history.md).
 
 The chosen method is then scored on every prompt as usual (benchmark.score). The
 speculator's request memory (`Speculator.reset`) is cleared before each pilot and the
@@ -68,7 +68,7 @@ class MethodConfig:
     chain_k: list[int] = field(default_factory=lambda: [1, 2, 4, 6, 8])
     """Chain lengths tried (each capped at the speculator's longest chain). 8: where 9 tokens
     verify cheaply (AMX) the pilot takes it, acceptance 3.02 against 2.89 at the same speed
-    (docs/results.md)."""
+    (docs/archive/results-history.md)."""
     tree_depth: int = 4
     """Deepest path of the candidate tree (capped at the speculator's longest chain)."""
     tree_top_k: int = 4

@@ -16,7 +16,7 @@ own: scoring passes the target's, so a drafter loaded in fp32 reads bf16 weights
 bf16 target, as the target's own layers do (fp32 activations and sums either way). Why: a
 draft step streams its weights from memory, the target's pass having just evicted them,
 and fp32 doubles those bytes. On an AMX Xeon the 1M-token `mlp` drafted 1.38-1.50 -> 1.11-1.13
-ms per step with the same drafts (docs/results.md). bf16 weights are multiplied on the
+ms per step with the same drafts (docs/archive/results-history.md). bf16 weights are multiplied on the
 machine profile's bf16 GEMM path, the target's own (speclab.speculator.target.profile).
 """
 

@@ -4,7 +4,7 @@ Eager PyTorch runs an `mlp` stage (speculator/mlp.py) as some twenty small ops a
 matrix-vector products (the projection, the draft vocabulary's head): on SmolLM2's 1M-token
 `mlp` a 2-token chain took 0.60 ms with its weights in cache, 1.19 ms after a target pass
 had evicted them, where the ~4 MB it streams take under 0.2 ms; in one call, 0.14 and 0.40
-ms (docs/results.md). native.c's `lean_mlp_chain`
+ms (docs/archive/results-history.md). kernels/native/drafting.c's `lean_mlp_chain`
 runs the whole chain, projections and head through the same GEMM as the module's linear
 layers under `native_drafting` (the same packs, so bf16 beside a bf16 target), the rest in
 fp32 as the module computes it; drafts only propose, so the last bits never reach what
@@ -22,7 +22,7 @@ from speclab.kernels.native.ops import NativeOps, _ptr
 
 
 class MLPStage(ctypes.Structure):
-    """One stage's pointers as native.c's `lean_mlp_stage` reads them."""
+    """One stage's pointers as drafting.c's `lean_mlp_stage` reads them."""
 
     _fields_ = [(name, ctypes.c_void_p) for name in ("proj", "emb", "head", "norm_weight", "norm_bias")] + [
         (name, ctypes.c_int) for name in ("proj_format", "emb_bf16", "head_format")] + [("eps", ctypes.c_float)]

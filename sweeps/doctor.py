@@ -21,7 +21,7 @@ import os
 
 from .errors import CliError, user_errors
 
-# The CPU flags that decide which kernels a build has (native.c), in the order they extend.
+# The CPU flags that decide which kernels a build has (kernels/native/lean.h), in the order they extend.
 SIMD_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_tile", "amx_bf16")
 
 

@@ -133,7 +133,7 @@ def generate_batched(target: FrozenTarget, prompts: list[list[int]], gen: Genera
 # (AMX, wide_gemm.py) a step is compute-bound and wider steps pay: on an AMX Xeon, answering
 # 128 mined prompts ran at 493 / 528 / 593 tok/s at 32 / 64 / 128 prompts per batch. On the
 # native kernels alone 32 was best (an AVX2 Zen 3: 194 / 177 / 202 / 210 tok/s at 16 / 24 /
-# 48 / 32; docs/results.md).
+# 48 / 32; docs/archive/results-history.md).
 WIDE_GEN_BATCH, NATIVE_GEN_BATCH = 128, 32
 
 

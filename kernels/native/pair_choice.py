@@ -1,12 +1,12 @@
 """Which bf16 GEMM path decoding and verification take on this machine: the probe and the rule.
 
-native.c multiplies bf16 weights one of three ways (ops.BF16_PATHS): widened to fp32 and
+decoder.c multiplies bf16 weights one of three ways (ops.BF16_PATHS): widened to fp32 and
 multiplied with fp32 FMAs (every build); as bf16 pairs with vdpbf16ps, the input rows
 rounded to bf16 (AVX512-BF16); or as the same pairs on AMX tiles (Intel Sapphire Rapids and
 later; by the override only, see CANDIDATES). A flag cannot say which is fastest: that is
 the instructions' issue rates. An AVX512-BF16 Xeon (lscpu model 207) issues vdpbf16ps at 0.5
 per cycle and fp32 FMAs at 2, so widening does twice the products per cycle there and won at
-every pass width (docs/results.md).
+every pass width (docs/archive/results-history.md).
 
 The paths give slightly different numbers (bf16-rounded or full fp32 inputs, and different
 summation orders). Each is batch-invariant, so decoding is lossless on any of them, but the

@@ -1,11 +1,11 @@
 """Wide passes (a prompt's prefill, batched generation) on a faster GEMM where one pays.
 
-native.c's GEMM on the decoding path (ops.py: fp32 FMAs or vdpbf16ps) streams weights once
+decoder.c's GEMM on the decoding path (ops.py: fp32 FMAs or vdpbf16ps) streams weights once
 per pass and runs at the CPU's FMA peak once a pass has more than a few rows; that is the
 right kernel for decoding and verification (1..30 rows, bandwidth-bound). A 130-token
 prefill or a 32-row generation step is compute-bound instead, and CPUs with AMX tiles
 (Intel Sapphire Rapids and later) multiply bf16 several times faster there. Two engines use
-them: native.c's own tile GEMM (`amx`: the whole layer stack in one call, as decoding runs
+them: decoder.c's own tile GEMM (`amx`: the whole layer stack in one call, as decoding runs
 it) and torch's bf16 GEMM (`torch`, oneDNN: a Python call per linear). Elsewhere both are
 slower than the decoding path, so whether, on which engine and from how many rows is
 measured once per machine and kernel build by the machine profile's measuring step
@@ -40,7 +40,7 @@ ROUNDS, CALLS = 5, 4
 # noisy). torch's layers are ~8 calls per layer against one native call for the whole
 # stack, so its GEMMs must save more than that Python cost: on an AMX Xeon, SmolLM2's
 # 32-token prefill was 11% slower on torch although the probe's GEMM was 1.5x faster, and 64
-# tokens 1.3x faster (docs/results.md). The AMX engine's layers are one call, as the head.
+# tokens 1.3x faster (docs/archive/results-history.md). The AMX engine's layers are one call, as the head.
 HEAD_MARGIN, LAYER_MARGIN = 0.8, 0.6
 ENGINES = ("amx", "torch")
 
@@ -48,7 +48,7 @@ ENGINES = ("amx", "torch")
 @dataclass(frozen=True)
 class WideChoice:
     """From how many rows a pass that allows it (`invariant=False`) runs on the wide engine:
-    its LM head, its layers; None: never. engine: `amx` (native.c's tiles) or `torch`."""
+    its LM head, its layers; None: never. engine: `amx` (decoder.c's tiles) or `torch`."""
 
     head_rows: int | None = None
     layer_rows: int | None = None
@@ -98,7 +98,7 @@ def record_problem(lib, engine: str, probe_ms: dict) -> str | None:
     without the tiles, or a choice that never probed this build's AMX engine. The record is
     keyed by the build, so the second is a process of the same build that could not use the
     tiles (the kernel asks Linux for them): it must not keep an AMX machine on torch's GEMM
-    (739-759 tok/s of batched generation against 1072-1105, docs/results.md)."""
+    (739-759 tok/s of batched generation against 1072-1105, docs/archive/results-history.md)."""
     if engine == "amx" and not _has_amx(lib):
         return "names the AMX engine, which this build lacks"
     if _has_amx(lib) and "amx" not in (probe_ms or {}):

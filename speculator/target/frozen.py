@@ -150,7 +150,7 @@ class FrozenTarget(nn.Module):
         with explicit position_ids this verifies a token tree in one pass (see `tree_mask`).
         invariant=False: a wide pass whose rows need not equal 1-row passes bit for bit (a
         prefill, a teacher-forced batch) may take the lean runtime's faster GEMM
-        (speculator/runtime/wide_gemm.py)."""
+        (kernels/native/wide_gemm.py)."""
         if self.lean is not None:
             if attention_mask is not None and attention_mask.dtype != torch.bool:
                 raise ValueError("the lean runtime takes a tree mask from tree_mask(), not a padding mask")

@@ -2,7 +2,7 @@
 
 Built from a loaded transformers model (it reads the weights, then the lean copy is what
 runs): q/k/v fused in one projection, gate/up in another, every linear prepacked for its
-backend (speculator/runtime/ops.py). One pass takes B rows x T new tokens, each row at its
+backend (kernels/native/ops.py). One pass takes B rows x T new tokens, each row at its
 own cache row and length (rows of a batch may hold prompts of different lengths), explicit
 positions and an optional [T, T] visibility mask among the new tokens (a draft tree).
 
@@ -20,7 +20,7 @@ records it), so features match the transformers path one for one.
 
 A pass whose caller allows it (`invariant=False`: prefills, batched generation) and that is
 wide enough runs its linear layers on a wide engine where this machine measured that faster
-(kernels/native/wide_gemm.py: native.c's AMX tiles, or torch's bf16 GEMM); every other pass is
+(kernels/native/wide_gemm.py: kernels/native/decoder.c's AMX tiles, or torch's bf16 GEMM); every other pass is
 batch-invariant. Which engine, and the bf16 GEMM path, are the machine profile's choices
 (speclab.speculator.target.profile), passed in as data: building a decoder times nothing.
 """
@@ -62,7 +62,7 @@ class LeanDecoder:
     def __init__(self, model, choice: str = "auto", compile: bool = False, ops=None, bf16_path: str = "widened",
                  wide: WideChoice = WideChoice()):
         """model: a transformers Llama-family causal LM (lean_config says which). choice: the
-        backend (speculator/runtime/ops.py); compile: torch.compile the torch backend's per-layer blocks (each
+        backend (kernels/native/ops.py); compile: torch.compile the torch backend's per-layer blocks (each
         pass width compiles once; the native backend is already fused C and ignores it);
         ops: a backend object to use instead of `choice` (tests: the AVX2 build on any x86).
         bf16_path, wide: the native kernels' bf16 GEMM path and wide-pass choice (the machine
@@ -77,7 +77,7 @@ class LeanDecoder:
         # Wide passes need bf16 weights (on a bf16 GEMM an fp32 target would be rounded) and
         # the native kernels (the torch backend is torch's GEMM already).
         self.wide: WideChoice = wide if self.dtype == torch.bfloat16 and self.ops.name == "native" else WideChoice()
-        # Their engine: torch's GEMM (WideLinear copies, a Python call per linear), or native.c's
+        # Their engine: torch's GEMM (WideLinear copies, a Python call per linear), or decoder.c's
         # AMX tiles (a second packing of the weights, the whole stack in one call).
         self._wide_ops = NativeOps(self.ops.lib, bf16_path="amx") if self.wide.used and self.wide.engine == "amx" else None
         body = model.model
@@ -156,7 +156,7 @@ class LeanDecoder:
     @staticmethod
     def _wide(rows: int, invariant: bool, from_rows: int | None) -> bool:
         """Whether a pass's layers or head of this many rows run on torch's GEMM
-        (speculator/runtime/wide_gemm.py)."""
+        (kernels/native/wide_gemm.py)."""
         return not invariant and from_rows is not None and rows >= from_rows
 
     @property
