@@ -196,6 +196,7 @@ def _summarise(results: list[PromptResult], k: int, tolerance: float) -> dict:
         "conventions": acceptance_conventions(spec_records, k),
         "ci": bootstrap_ci(spec_records, plain_records),
         "per_prompt": [r.to_dict() for r in results],
+        "outputs": [r.plain.tokens for r in results],  # plain decoding's tokens per prompt (contamination.py)
     }
 
 

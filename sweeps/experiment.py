@@ -16,6 +16,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from speclab.eval.benchmark import score
+from speclab.eval.contamination import contamination, first_over
 from speclab.eval.method import MethodConfig, choose, tree_of
 from speclab.eval.prompts import encode_prompt, humaneval_prompts, load_prompts
 from speclab.speculator.base import Speculator, TargetInfo
@@ -25,6 +26,7 @@ from speclab.speculator.lookup import TrainingFree
 from speclab.speculator.target import FrozenTarget
 from speclab.speculator.target.builders import cache_root
 from speclab.training.data import DataBundle, DataConfig, build_dataset
+from speclab.training.data_config import GENERATED_SOURCES
 from speclab.training.features import (FeatureDataset, assistant_token_counts, build_feature_store, cache_report,
                                        training_answers)
 from speclab.training.stages import stage_configs, stage_data
@@ -141,7 +143,7 @@ def evaluate(cfg: DictConfig, target: FrozenTarget, speculator: Speculator, prom
     encoded = [encode_prompt(target.tokenizer, p, chat_template=cfg.eval.chat_template) for p in prompts]
     method = MethodConfig(**OmegaConf.to_container(cfg.eval.method, resolve=True)) \
         if "method" in cfg.eval else MethodConfig(select="fixed")
-    scored = _score_with(cfg, target, speculator, encoded, method)
+    scored = {**_score_with(cfg, target, speculator, encoded, method), "prompt_ids": [e[0].tolist() for e in encoded]}
     if isinstance(speculator, HybridSpeculator) and cfg.eval.get("score_parts", True):
         scored["parts"] = {name: _part_summary(_score_with(cfg, target, part, encoded, method))
                            for name, part in (("learned", speculator.learned), ("suffix", speculator.suffix))}
@@ -182,9 +184,9 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict:
         prepare_machine(OmegaConf.to_container(cfg.target, resolve=True))
         seed_everything(cfg.seed)
         if issubclass(speculator_class(cfg.speculator.family), TrainingFree):
-            target, speculator, heldout = untrained(cfg, run_dir, result)
+            target, speculator, heldout, answers = untrained(cfg, run_dir, result)
         else:
-            target, speculator, heldout = trained(cfg, run_dir, result)
+            target, speculator, heldout, answers = trained(cfg, run_dir, result)
         scored = evaluate(cfg, target, speculator, eval_prompts(cfg, heldout))
         # What ran: the runtime (lean/native[/its bf16 path], lean/torch or hf) and how `dtype: auto` chose.
         result["target"] = {"name": target.name, "runtime": target.runtime,
@@ -195,6 +197,11 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict:
         result["eval"] = {"per_prompt": scored.get("per_prompt"), "k": cfg.eval.k,
                           "max_new_tokens": cfg.eval.max_new_tokens}
         log_final(run_dir, cfg, result)  # measured acceptance + speedup into the wandb run (offline by default)
+        if answers is not None:
+            result["contamination"] = contamination(answers, scored["prompt_ids"], scored["outputs"])
+            leak = first_over(result["contamination"], cfg.eval.max_prompt_overlap)
+            if leak:
+                raise ValueError(leak)
         mismatches = result["lossless"]["mismatches"]
         if mismatches:
             raise RuntimeError(f"lossless check failed: {mismatches} prompt(s) differ from plain greedy decoding "
@@ -209,16 +216,17 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict:
     return result
 
 
-def trained(cfg: DictConfig, run_dir: Path, result: dict) -> tuple[FrozenTarget, Speculator, list[dict]]:
+def trained(cfg: DictConfig, run_dir: Path, result: dict) -> tuple[FrozenTarget, Speculator, list[dict], list | None]:
     """Train the speculator (supervised child processes), save it, and return it with a
-    fresh target and the held-out prompts; fills result's speculator, data, train,
-    checkpoint and weights fields."""
+    fresh target, the held-out prompts and the training answers it saw (answers_seen); fills
+    result's speculator, data, train, checkpoint and weights fields."""
     prep = prepare(cfg)
     speculator = new_speculator(cfg, prep.target, prep.token_counts)
     result["speculator"] = {"family": speculator.family, "params": speculator.num_params()}
     result["data"] = {**prep.data_stats, "feature_bytes_per_token": prep.feature_bytes_per_token}
     heldout, token_counts = prep.heldout, prep.token_counts
-    answers = training_answers(prep.dataset[-1]) if speculator.training_data_tokens() else None
+    corpus = speculator.training_data_tokens() > 0
+    answers = training_answers(prep.dataset[-1]) if corpus or answers_seen(cfg) else None
     # Each training attempt is a child process that loads its own target: the parent's
     # copy is dropped meanwhile (on a GPU it would take the memory training needs) and
     # loaded again for scoring (the conversion is cached; a seeded target rebuilds equal).
@@ -233,28 +241,36 @@ def trained(cfg: DictConfig, run_dir: Path, result: dict) -> tuple[FrozenTarget,
     target: FrozenTarget = instantiate(cfg.target)
     speculator = new_speculator(cfg, target, token_counts)
     speculator.load_state_dict(final_weights(run_dir / CHECKPOINTS))
-    if answers is not None:
+    if corpus:
         result["data"]["corpus"] = keep_answers(speculator, answers)
     speculator.save(run_dir / SPECULATOR_DIR,
                     extra={"target_config": OmegaConf.to_container(cfg.target, resolve=True)})
     result["checkpoint"] = str(SPECULATOR_DIR)
     result["final_weights_sha256"] = weights_sha256(speculator.state_dict())
-    return target, speculator, heldout
+    return target, speculator, heldout, answers
 
 
-def untrained(cfg: DictConfig, run_dir: Path, result: dict) -> tuple[FrozenTarget, Speculator, list[dict]]:
+def answers_seen(cfg: DictConfig) -> bool:
+    """Whether the run trains on answers the target wrote (its last stage's data is
+    generated): what it is scored on may then have leaked into training (contamination)."""
+    last = stage_data(OmegaConf.to_container(cfg.data, resolve=True), stage_configs(cfg.training)[-1])
+    return last["source"] in GENERATED_SOURCES
+
+
+def untrained(cfg: DictConfig, run_dir: Path, result: dict) -> tuple[FrozenTarget, Speculator, list[dict], list | None]:
     """A training-free family: nothing to train. The data (the last training stage's, as
     for a learned run) is still built, or read from the sweep's cache, when the eval set takes
     held-out prompts from it: the same prompts the learned runs are scored on."""
     target: FrozenTarget = instantiate(cfg.target)
-    heldout = []
+    heldout, answers = [], None
     speculator = new_speculator(cfg, target, None)
     if cfg.eval.heldout_prompts or speculator.training_data_tokens():  # held-out prompts, or a corpus of answers
         last = stage_configs(cfg.training)[-1]
         data = build_data(cfg, target, stage_data(OmegaConf.to_container(cfg.data, resolve=True), last))
         heldout, result["data"] = data.heldout, {**data.stats, "feature_bytes_per_token": None}
         if speculator.training_data_tokens():
-            result["data"]["corpus"] = keep_answers(speculator, training_answers(FeatureDataset(examples=data.train)))
+            answers = training_answers(FeatureDataset(examples=data.train))
+            result["data"]["corpus"] = keep_answers(speculator, answers)
     result["speculator"] = {"family": speculator.family, "params": speculator.num_params()}
     result["train"] = {"steps": 0, "tokens": 0, "wall_s": 0.0, "final_loss": None, "restarts": 0, "rollbacks": 0}
     # Saved like a trained one (its config, no tensors), so the best run can be exported
@@ -262,7 +278,7 @@ def untrained(cfg: DictConfig, run_dir: Path, result: dict) -> tuple[FrozenTarge
     speculator.save(run_dir / SPECULATOR_DIR, extra={"target_config": OmegaConf.to_container(cfg.target, resolve=True)})
     result["checkpoint"] = str(SPECULATOR_DIR)
     result["final_weights_sha256"] = weights_sha256(speculator.state_dict())
-    return target, speculator, heldout
+    return target, speculator, heldout, answers
 
 
 def keep_answers(speculator: Speculator, answers: list[list[int]]) -> dict:

@@ -130,6 +130,10 @@ def note(row: dict, baseline: dict | None) -> str:
     notes = []
     if baseline is not None and row["speedup"] < baseline["speedup"]:
         notes.append(f"below baseline ({baseline['family']} {format_speedup(baseline['speedup'])})")
+    overlap = (row.get("result") or {}).get("contamination")
+    if isinstance(overlap, dict) and all(isinstance(overlap.get(side), dict) for side in ("prompt", "output")):
+        # the longest runs of eval tokens found in the training answers (eval/contamination.py)
+        notes.append(f"overlap p{overlap['prompt'].get('span')}/o{overlap['output'].get('span')}")
     parts = parts_of(row)
     if parts:
         verdict = "beats its parts" if row["speedup"] > max(parts.values()) else "parts"

@@ -12,6 +12,7 @@ from typing import Literal, get_args
 
 Source = Literal["self_distill", "code_prompts", "jsonl", "text", "parquet", "hub", "code_corpus"]
 SOURCES: tuple[str, ...] = get_args(Source)
+GENERATED_SOURCES = ("self_distill", "code_prompts")  # the target writes the answers trained on
 
 # Magpie's user turns follow the system prompt they are sampled under, so these steer the
 # prompt mix: Python coding help (one eval set is HumanEval) and general assistant work.

@@ -1,6 +1,7 @@
 """run_experiment's parent process: what it holds while the supervised child trains."""
 
 import gc
+import json
 
 import pytest
 from hydra import compose, initialize_config_module
@@ -36,6 +37,26 @@ def test_the_parent_drops_its_target_while_the_child_trains(tmp_path, monkeypatc
     assert result["status"] == "completed" and result["lossless"]["mismatches"] == 0
     assert during == [before]  # no target of this run alive in the parent during training
     assert live_targets() == before  # nor after scoring
+    # Trained on answers the target wrote: what it was scored on is measured against them.
+    overlap = result["contamination"]
+    assert overlap["answers"] > 0 and overlap["n"] == 13 and len(overlap["per_prompt"]) == 2
+    assert {"prompt_ids", "outputs"}.isdisjoint(result)  # the texts themselves stay out of result.json
+
+
+def test_an_eval_prompt_over_the_overlap_limit_fails_the_run_in_one_line(tmp_path, monkeypatch):
+    """max_prompt_overlap=-1 makes any prompt a leak (its span, 0 or more, exceeds -1)."""
+    monkeypatch.setenv("SPECLAB_CACHE", str(tmp_path / "cache"))
+    cfg = OmegaConf.create(tiny_config("training.max_steps=2", "data.num_prompts=8", "data.max_response_tokens=16",
+                                       "data.heldout_size=1", "eval.max_new_tokens=4", "eval.humaneval_prompts=1",
+                                       "eval.heldout_prompts=0", "eval.max_prompt_overlap=-1",
+                                       f"runs_dir={tmp_path / 'runs'}"))
+    run_dir = tmp_path / "runs" / "leaky"
+    run_dir.mkdir(parents=True)
+    with pytest.raises(ValueError, match="eval prompt 0 shares 0 consecutive tokens"):
+        experiment.run_experiment(cfg, run_dir)
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "failed" and result["error"].startswith("ValueError: eval prompt 0 shares")
+    assert "\n" not in result["error"] and result["contamination"]["per_prompt"][0]["prompt"]["span"] == 0
 
 
 @pytest.mark.parametrize("family", ["ngram", "suffix"])
@@ -59,6 +80,7 @@ def test_a_training_free_family_is_scored_without_training(tmp_path, monkeypatch
     assert result["train"]["steps"] == 0
     assert result["lossless"]["checked_prompts"] == 2 and result["lossless"]["mismatches"] == 0
     assert (run_dir / result["checkpoint"] / "config.json").is_file()  # exportable like any run
+    assert "contamination" not in result  # it saw no answers
 
 
 def test_a_hybrid_run_also_scores_its_parts_alone(tmp_path, monkeypatch):
