@@ -60,7 +60,7 @@ class DataConfig:
     """Column with raw text (loss on every token): the fallback when no chat columns exist."""
 
     # --- how much --------------------------------------------------------------------------
-    num_prompts: int = 256
+    num_prompts: int = 224
     """Training conversations to keep (self_distill, code_prompts: distinct prompts per round,
     beyond the held-out ones; code_corpus: source files per round). 0 keeps every row of a
     file or hub source (code_corpus: every file, one round)."""
@@ -87,7 +87,7 @@ class DataConfig:
     """Longest sampled user turn; one that has not ended by then is dropped as truncated."""
     max_response_tokens: int = 160
     """Longest greedy assistant response; a longer one is kept, cut at this length."""
-    gen_batch_size: int = 16
+    gen_batch_size: int = 0
     """Prompts per batched `generate` call (left padded); 0: this machine's choice
     (self_distill.generation_batch_size)."""
     prompt_temperature: float = 1.0

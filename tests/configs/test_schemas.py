@@ -21,6 +21,7 @@ from speclab.configs.schemas import FAMILIES, SOURCES, source_fields
 from speclab.eval.method import MethodConfig
 from speclab.speculator.families import REGISTRY
 from speclab.training.checkpoint import CheckpointConfig
+from speclab.training.data_config import DataConfig
 from speclab.training.faults import FaultConfig
 from speclab.training.supervisor import SupervisorConfig
 from speclab.training.watchdog import WatchdogConfig
@@ -65,6 +66,9 @@ def declared() -> list[tuple[str, dict, dict]]:
     pairs.append(("training/default.yaml: checkpoint_*",
                   {k.removeprefix("checkpoint_"): v for k, v in training.items() if k.startswith("checkpoint_")},
                   dataclass_defaults(CheckpointConfig)))
+    # The data group has no schema (configs/schemas.py says why): each source file is whole,
+    # and the default source's file (config.yaml's `data: self_distill`) states DataConfig's defaults.
+    pairs.append(("data/self_distill.yaml", yaml_section("data/self_distill.yaml"), dataclass_defaults(DataConfig)))
     for path in sorted((CONFIGS / "target").glob("*.yaml")):  # a target's YAML is its builder's call
         builder = get_method(yaml.safe_load(path.read_text())["_target_"])
         pairs.append((f"target/{path.name}", yaml_section(f"target/{path.name}"), signature_defaults(builder)))
