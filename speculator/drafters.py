@@ -19,6 +19,7 @@ from .lstm import LSTMSpeculator
 from .medusa import MedusaSpeculator
 from .mlp import MLPSpeculator
 from .ngram import NgramSpeculator
+from .renamed import check_renamed
 from .suffix import SuffixSpeculator
 
 DRAFTERS: dict[str, type[Speculator]] = {cls.family: cls for cls in (
@@ -28,7 +29,9 @@ DRAFTERS: dict[str, type[Speculator]] = {cls.family: cls for cls in (
 
 
 def config_of(cls: type[Speculator], params: dict) -> Any:
-    """`cls`'s config from plain options, refusing an option it does not have."""
+    """`cls`'s config from plain options, refusing a renamed option (naming its new name, in
+    one line) and an option it does not have."""
+    check_renamed(cls.family, params)
     names = {f.name for f in dataclasses.fields(cls.Config)}
     unknown = sorted(set(params) - names)
     if unknown:
