@@ -112,6 +112,10 @@ def check_config(cfg: DictConfig) -> None:
         value = OmegaConf.select(cfg, rule.key, default=None)
         if value is not None and not rule.ok(value):
             raise ConfigRangeError(f"invalid config: {rule.key}={value!r}; valid: {rule.describe()}")
+    strategy, device = OmegaConf.select(cfg, "training.strategy", default=None), OmegaConf.select(cfg, "target.device", default="cpu")
+    if strategy == "fsdp" and not str(device).startswith("cuda"):  # torch's FSDP shards on accelerators only
+        raise ConfigRangeError(f"invalid config: training.strategy=fsdp needs target.device=cuda (got {device!r}); "
+                               "CPU processes train data-parallel with training.strategy=ddp")
     window = OmegaConf.select(cfg, "training.watchdog.window", default=None)
     min_window = OmegaConf.select(cfg, "training.watchdog.min_window", default=None)
     if window is not None and min_window is not None and min_window > window:

@@ -10,7 +10,8 @@ Rows, each with its figure and what it is measured against:
   (the target's `compile` option, CUDA graphs where the compiler takes them): ms a token
   against the bound the device's copy bandwidth puts on reading the weights once a token;
 - a tiny sweep end to end (`speclab train target=tiny ...` on the device): trains, scores,
-  checks lossless;
+  checks lossless; and the same under `training.strategy=fsdp` (torch's FSDP runs on
+  accelerators only, so this row is where the sharded strategy is exercised);
 - SmolLM2 speculative decoding on the device: `suffix` (no training) and `eagle3` trained
   on the smoke budget, each against plain decoding in its run (acceptance length, speedup,
   lossless).
@@ -173,6 +174,9 @@ def run(device: torch.device, skip_smollm2: bool) -> list[dict]:
         runs = Path(tmp)
         rows.append(train_row("tiny sweep end to end (mlp)", ["target=tiny", "speculator=mlp", *smoke_overrides(str(device))],
                               runs))
+        if on_gpu:  # the sharded strategy's path (full-state checkpoints, sharded gradient norm): CUDA only
+            rows.append(train_row("tiny run under FSDP (mlp)", ["target=tiny", "speculator=mlp", "training.strategy=fsdp",
+                                                               "training.devices=1", *smoke_overrides(str(device))], runs))
         if not skip_smollm2:
             for family in ("suffix", "eagle3"):
                 rows.append(train_row(f"SmolLM2 {family}", [f"speculator={family}", *smoke_overrides(str(device)),

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.strategies import FSDPStrategy
 
 from . import ranks
 from .checkpoint import CheckpointStore
@@ -72,6 +73,22 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def load_optimizer(trainer, opt, state: dict) -> None:
+    """A checkpoint's optimizer state (one process's layout, keyed by parameter index) into
+    `opt`; under FSDP each rank keeps its shard of it."""
+    if not isinstance(trainer.strategy, FSDPStrategy):
+        opt.load_state_dict(state)
+        return
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import FullStateDictConfig, FullOptimStateDictConfig, OptimStateKeyType, StateDictType
+
+    model = trainer.strategy.model
+    with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, FullStateDictConfig(rank0_only=False),
+                              FullOptimStateDictConfig(rank0_only=False)):
+        named = FSDP.rekey_optim_state_dict(state, OptimStateKeyType.PARAM_NAME, model)
+        opt.load_state_dict(FSDP.optim_state_dict_to_load(model, opt, named))
+
+
 class Progress(Callback):
     def __init__(self, state: LoopState, store: CheckpointStore, watchdog: Watchdog, every_n_steps: int,
                  total_steps: int, beat, resume: dict | None, config: dict | None):
@@ -87,7 +104,7 @@ class Progress(Callback):
         if self.resume is None:
             self.save(trainer, module)  # step 0: the initial state, the oldest rollback target
         else:
-            opt.load_state_dict(self.resume["optimizer"])
+            load_optimizer(trainer, opt, self.resume["optimizer"])
             sched.load_state_dict(self.resume["scheduler"])
             set_rng_state(self.resume["rng"])
         # The LR of the next step as the schedule gives it: equal to the saved one unless
@@ -126,8 +143,12 @@ class Progress(Callback):
         """Rank 0 writes (every rank holds the same weights and optimizer state); the others
         wait until the checkpoint is complete, so none can read a step that is not there."""
         self.state.detector = self.watchdog.detector.state_dict()
+        # Every rank takes part: under FSDP gathering the full weights and optimizer state
+        # are collectives (rank 0 receives them); elsewhere these are the module's own.
+        model = {k.removeprefix("speculator."): v for k, v in trainer.strategy.lightning_module_state_dict().items()}
+        optimizer = trainer.strategy.optimizer_state(trainer.optimizers[0])
         if ranks.is_writer():
-            states = {"model": module.speculator.state_dict(), "optimizer": trainer.optimizers[0].state_dict(),
+            states = {"model": model, "optimizer": optimizer,
                       "scheduler": trainer.lr_scheduler_configs[0].scheduler.state_dict(),
                       "loop": {**self.state.state_dict(), "ledger": self.watchdog.ledger.to_json(),
                                "world_size": ranks.world_size()}, "rng": rng_state()}

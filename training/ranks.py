@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 RANK_ENV = ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+PARALLEL = ("ddp", "fsdp")  # the strategies whose ranks the supervisor starts
 
 
 def rank_env(rank: int, world_size: int, port: int) -> dict[str, str]:
@@ -30,12 +31,13 @@ def rank_env(rank: int, world_size: int, port: int) -> dict[str, str]:
 
 def configured_world_size(training) -> int:
     """How many processes the training config asks for: `devices` (a count or a list of
-    ids) under strategy ddp; one otherwise (Lightning's single-device strategies)."""
-    if training.get("strategy", "auto") != "ddp":
+    ids) under strategy ddp or fsdp; one otherwise (Lightning's single-device strategies)."""
+    if training.get("strategy", "auto") not in PARALLEL:
         return 1
     devices = training.get("devices", 1)
     if isinstance(devices, str) or not isinstance(devices, int) and not hasattr(devices, "__len__"):
-        raise ValueError(f"training.devices={devices!r}: strategy ddp needs a process count or a list of device ids")
+        raise ValueError(f"training.devices={devices!r}: strategy {training.get('strategy')} needs a process count "
+                         "or a list of device ids")
     return devices if isinstance(devices, int) else len(devices)
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import lightning as L
 from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.fabric.plugins.environments import LightningEnvironment
-from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
@@ -156,17 +156,26 @@ def build_trainer(cfg, steps: int, callbacks: list, target: FrozenTarget, run_di
 
 
 def strategy(cfg, device):
-    """Lightning's strategy: `ddp` over the group the supervisor started (ranks.py), with the
-    collective timeout that turns a hung peer into a retryable failure; else as configured."""
-    if cfg.get("strategy", "auto") != "ddp":
-        return cfg.get("strategy", "auto")
-    timeout = datetime.timedelta(seconds=SupervisorConfig(**_plain(cfg.supervisor)).collective_timeout_s)
-    # Unused parameters: a family may leave a head without a gradient on a step (a draft
-    # vocabulary row never hit); DDP would otherwise wait for it forever.
+    """Lightning's strategy: `ddp` or `fsdp` over the group the supervisor started
+    (ranks.py), with the collective timeout that turns a hung peer into a retryable failure;
+    else as configured."""
+    name = cfg.get("strategy", "auto")
+    if name not in ranks.PARALLEL:
+        return name
     # LightningEnvironment: the ranks' places come from the supervisor (ranks.py), also inside a
     # SLURM job, whose environment would otherwise give every rank the job's one task id.
-    return DDPStrategy(process_group_backend="nccl" if device.type == "cuda" else "gloo", timeout=timeout,
-                       find_unused_parameters=True, cluster_environment=LightningEnvironment())
+    common = dict(process_group_backend="nccl" if device.type == "cuda" else "gloo", cluster_environment=LightningEnvironment(),
+                  timeout=datetime.timedelta(seconds=SupervisorConfig(**_plain(cfg.supervisor)).collective_timeout_s))
+    if name == "fsdp":
+        if device.type != "cuda":  # torch's FSDP shards on accelerators only; Lightning refuses it on CPU too
+            raise ValueError("training.strategy=fsdp needs CUDA devices (target.device=cuda); on CPU processes "
+                             "train data-parallel with training.strategy=ddp")
+        # Checkpoints hold the full (gathered) weights and optimizer state, as one process's do:
+        # a run resumes from them, and the parent scores the final weights, with no sharding.
+        return FSDPStrategy(state_dict_type="full", **common)
+    # Unused parameters: a family may leave a head without a gradient on a step (a draft
+    # vocabulary row never hit); DDP would otherwise wait for it forever.
+    return DDPStrategy(find_unused_parameters=True, **common)
 
 
 def _plain(node) -> dict:

@@ -43,6 +43,7 @@ from typing import Literal
 
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.strategies import FSDPStrategy
 
 from . import ranks
 from .checkpoint import write_json_atomic
@@ -180,8 +181,11 @@ class Watchdog(Callback):
             self.detector.load_state_dict(window)
 
     def on_before_optimizer_step(self, trainer, module, optimizer):
-        grads = [p.grad for p in module.parameters() if p.grad is not None]
-        norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) if grads else 0.0
+        grads = [p.grad for p in module.parameters() if p.grad is not None and p.grad.numel()]
+        squares = torch.stack([torch.linalg.vector_norm(g.float()) ** 2 for g in grads]).sum() if grads else torch.zeros(())
+        if isinstance(trainer.strategy, FSDPStrategy):  # each rank holds a shard of the gradients
+            squares = ranks.all_sum(squares)
+        norm = float(squares.sqrt())
         self._grad_norm = norm
         if not math.isfinite(norm):  # before the step is taken: the weights stay clean
             self._check(trainer, Trip(self.step + 1, self.step + 1, f"non-finite gradient norm at step {self.step + 1}"))

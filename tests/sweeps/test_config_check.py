@@ -53,3 +53,15 @@ def test_speclab_train_refuses_an_old_name_in_one_line(tmp_path):
     assert proc.stderr.strip() == ("speclab train: invalid config: speculator.num_heads was renamed: "
                                    "medusa takes speculator.n_predict (the longest draft chain)")
     assert not any(tmp_path.iterdir())  # nothing was built
+
+
+def test_fsdp_on_a_cpu_target_is_refused_before_any_work():
+    """torch's FSDP shards on accelerators only: on CPU the data-parallel strategy is ddp."""
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="speclab.configs", version_base=None):
+        cpu = compose("config", overrides=["target=tiny", "training.strategy=fsdp", "training.devices=2"])
+        gpu = compose("config", overrides=["target=tiny", "training.strategy=fsdp", "target.device=cuda"])
+    with pytest.raises(ConfigRangeError, match=r"^invalid config: training.strategy=fsdp needs target.device=cuda "
+                                               r"\(got 'cpu'\); CPU processes train data-parallel with training.strategy=ddp$"):
+        check_config(cpu)
+    check_config(gpu)
