@@ -128,7 +128,7 @@ def decode_rows(target_factory, device: torch.device) -> list[dict]:
         gen = generate_plain(target, prompt, DECODE_TOKENS, eos_ids=[])
         ms = gen.seconds / gen.new_tokens * 1e3
         rows.append({"check": f"plain decoding {target.name} ({'torch.compile' if compiled else 'eager'}, "
-                              f"{str(target.dtype).removeprefix('torch.')})",
+                              f"{str(target.dtype).removeprefix('torch.')})", "ms": ms, "bound_ms": bound_ms,
                      "result": f"{ms:.2f} ms/token", "against": f"{ms / bound_ms:.2f}x the bound {bound_ms:.3f} ms",
                      "ok": True, "note": f"first 8 tokens {warm_s:.1f} s (warm-up{', compilation' if compiled else ''})"})
         del target
