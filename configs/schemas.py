@@ -38,7 +38,7 @@ from omegaconf import OmegaConf
 FAMILIES = "schema/speculator"
 SOURCES: dict[tuple[str, str], tuple[str, str]] = {
     **{(FAMILIES, family): (f"speclab.speculator.{family}", cls) for family, cls in {
-        "draft_lm": "DraftLMConfig", "eagle": "EagleConfig", "eagle3": "Eagle3Config", "hybrid": "HybridConfig",
+        "dflash": "DFlashConfig", "draft_lm": "DraftLMConfig", "eagle": "EagleConfig", "eagle3": "Eagle3Config", "hybrid": "HybridConfig",
         "hydra": "HydraConfig", "lstm": "LSTMConfig", "medusa": "MedusaConfig", "mlp": "MLPConfig",
         "ngram": "NgramConfig", "suffix": "SuffixConfig"}.items()},
     ("schema/training", "watchdog"): ("speclab.training.watchdog", "WatchdogConfig"),

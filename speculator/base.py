@@ -140,8 +140,11 @@ class Speculator(nn.Module):
         return self.token_loss(self.draft_states(feats), feats, objective, target_head)
 
     def token_loss(self, states: torch.Tensor, feats: Features, objective: Objective,
-                   target_head: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
-        """`loss` on already computed `draft_states` [B, P, T, D] (families adding terms reuse it)."""
+                   target_head: Callable[[torch.Tensor], torch.Tensor], rows: torch.Tensor | None = None,
+                   weights: list[float] | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+        """`loss` on already computed `draft_states` [B, P, T, D] (families adding terms reuse it).
+        rows [B, T] bool: only these draft positions t are trained (a block drafter trains a
+        sample of anchors); weights [P]: step p's rows weigh weights[p] in the mean."""
         T = states.shape[2]
         next_ids = torch.zeros_like(feats.input_ids)
         next_ids[:, :-1] = feats.input_ids[:, 1:]
@@ -158,22 +161,29 @@ class Speculator(nn.Module):
             if span <= 0:
                 break
             mask = trainable[:, lo:]  # [B, span]
+            if rows is not None:
+                mask = mask & rows[:, :span]
             if not mask.any():
                 continue
+            w = 1.0 if weights is None else weights[p]
             weight = self.draft_head_weight(p)  # [V', D] or None
-            rows = states[:, p, :span][mask]  # [N, D]
+            picked = states[:, p, :span][mask]  # [N, D]
             if (fused is not None and weight is not None and head is not None
-                    and fuses(rows.shape[0], weight.shape[0], states.device)):
+                    and fuses(picked.shape[0], weight.shape[0], states.device)):
                 # Outside bf16 autocast: the fused loss computes the teacher's logits too, and
                 # those stay fp32 (training/module.py); it upcasts the draft's rows itself.
                 with torch.autocast(states.device.type, enabled=False):
                     per_row, draft_arg, target_arg = fused(
-                        rows, weight, feats.hidden[:, lo:][mask], head if target_rows is None else target_rows)  # [N] each
+                        picked, weight, feats.hidden[:, lo:][mask], head if target_rows is None else target_rows)  # [N] each
             else:
-                draft = self.draft_head(p, rows)  # [N, V]
-                per_row, draft_arg, target_arg = _rows(objective, draft, *targets.rows_from(lo))
-            total = total + per_row.sum()
-            count += per_row.numel()
+                draft = self.draft_head(p, picked)  # [N, V]
+                logits, from_lo = targets.rows_from(lo)
+                if rows is not None:  # of the trainable rows at positions >= lo, those at trained draft positions
+                    kept = rows[:, :span][trainable[:, lo:]]
+                    from_lo = (torch.arange(kept.numel(), device=kept.device) if from_lo is None else from_lo)[kept]
+                per_row, draft_arg, target_arg = _rows(objective, draft, logits, from_lo)
+            total = total + w * per_row.sum()
+            count += w * per_row.numel()
             with torch.no_grad():
                 agree = (draft_arg == target_arg).float().mean()
             metrics[f"loss_pos{p}"] = per_row.detach().mean().item()

@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any
 
 from .base import Speculator
+from .dflash import DFlashSpeculator
 from .draft_lm import DraftLM
 from .eagle import EagleSpeculator
 from .eagle3 import Eagle3Speculator
@@ -23,7 +24,7 @@ from .renamed import check_renamed
 from .suffix import SuffixSpeculator
 
 DRAFTERS: dict[str, type[Speculator]] = {cls.family: cls for cls in (
-    DraftLM, EagleSpeculator, Eagle3Speculator, HydraSpeculator, LSTMSpeculator,
+    DFlashSpeculator, DraftLM, EagleSpeculator, Eagle3Speculator, HydraSpeculator, LSTMSpeculator,
     MedusaSpeculator, MLPSpeculator, NgramSpeculator, SuffixSpeculator,
 )}
 

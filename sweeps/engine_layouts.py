@@ -56,6 +56,15 @@ def refusals(speculator: Speculator, layout: str) -> list[str]:
             out.append(f"target layer {L} was read after the final norm (HF hidden_states[{L}]), but vLLM hands "
                        f"the draft the pre-norm residual stream; train on layers 0..{L - 1}")
         return out
+    if layout == "speculators_dflash":
+        L, ids, out = speculator.target_info.num_layers, list(speculator.target_layer_ids), []
+        if any(i >= L for i in ids):
+            out.append(f"target layer {L} was read after the final norm (HF hidden_states[{L}]), but vLLM hands "
+                       f"the draft the pre-norm residual stream; train on layers 0..{L - 1}")
+        if speculator.vocab.full and speculator.config.head == "trained":
+            out.append("speculators reloads a full-vocabulary DFlash head from the verifier, and this draft trained "
+                       "its own; train with head=frozen or a reduced draft_vocab_size")
+        return out
     if layout == "mlp_speculator" and speculator.config.tie_weights and speculator.config.n_predict < 2:
         return ["vLLM's MLPSpeculator refuses tied weights with a single stage (n_predict 1); train untied"]
     if layout == "vllm_medusa" and speculator.config.hidden_size not in (0, speculator.target_info.hidden_size):
@@ -171,6 +180,52 @@ def speculators_eagle3(speculator: Speculator, ctx: ExportContext, out: Path) ->
     return tensors, config, {"weight_map": weight_map}
 
 
+def speculators_dflash(speculator: Speculator, ctx: ExportContext, out: Path) -> tuple[dict, dict, dict]:
+    """dflash.py already uses speculators' `DFlashDraftModel` names; its layers are Qwen3's
+    (q/k norms), so the layer config is a Qwen3Config. The embedding is the verifier's (not
+    saved, as speculators saves none); a reduced vocabulary's head and d2t/t2d are."""
+    c, target = speculator.config, speculator.target_info
+    verifier_name, verifier_arch = verifier_of(ctx, target.name, out)
+    tensors, weight_map = renamed_tensors(speculator, lambda name: name)
+    config = {
+        "speculators_model_type": "dflash",
+        "speculators_version": SPECULATORS_VERSION,
+        "architectures": ["DFlashSpeculator"],
+        "draft_vocab_size": speculator.vocab.size,
+        "block_size": c.block_size,
+        "target_hidden_size": target.hidden_size,
+        "aux_hidden_state_layer_ids": list(speculator.target_layer_ids),
+        "mask_token_id": speculator.mask_token_id,
+        "sample_from_anchor": False,  # slot 0 is the pending (bonus) token; slots 1.. are drafted
+        "sliding_window_non_causal": False,
+        "transformer_layer_config": {
+            "model_type": "qwen3",
+            "architectures": ["Qwen3ForCausalLM"],
+            "vocab_size": target.vocab_size,
+            "hidden_size": target.hidden_size,
+            "intermediate_size": c.intermediate_size,
+            "num_hidden_layers": c.num_layers,
+            "num_attention_heads": c.num_heads,
+            "num_key_value_heads": c.num_kv_heads,
+            "head_dim": c.head_dim,
+            "rms_norm_eps": c.rms_norm_eps,
+            "rope_theta": c.rope_theta,
+            "hidden_act": "silu",
+            "attention_bias": False,
+            "tie_word_embeddings": False,
+        },
+        "speculators_config": {
+            "algorithm": "dflash",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": min(ctx.k, c.block_size - 1),
+                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": verifier_name, "architectures": [verifier_arch] if verifier_arch else []},
+        },
+        "torch_dtype": _dtype_name(speculator),
+    }
+    return tensors, config, {"weight_map": weight_map}
+
+
 def vllm_medusa(speculator: Speculator, ctx: ExportContext, out: Path) -> tuple[dict, dict, dict]:
     """vLLM's Medusa: heads.i.(j+1).linear (after the identity projection) -> blocks.i.layers.j,
     out.linears.i -> lm_heads.i; a reduced vocabulary is vLLM's token_map (-inf elsewhere: exact)."""
@@ -201,6 +256,7 @@ def vllm_medusa(speculator: Speculator, ctx: ExportContext, out: Path) -> tuple[
 
 
 FOREIGN: dict[str, Callable] = {"mlp_speculator": mlp_speculator, "speculators_eagle3": speculators_eagle3,
+                                "speculators_dflash": speculators_dflash,
                                 "hf_llama": hf_llama, "vllm_medusa": vllm_medusa}
 
 

@@ -41,6 +41,7 @@ from speclab.speculator.families import build_speculator, load_speculator, specu
 from .checkpoint_meta import SPECLAB_META, checkpoint_meta
 from .engine_layouts import FOREIGN, VOCAB_IDS, ExportContext, refusals
 from .export_mlp import from_vllm
+from .speculators_import import is_speculators_checkpoint, load_speculators_checkpoint
 
 __all__ = ["ExportContext", "SPECLAB_META", "checkpoint_meta", "layout_of", "load_checkpoint", "write_layout"]
 
@@ -49,7 +50,7 @@ log = logging.getLogger(__name__)
 
 
 def layout_of(family: str) -> str:
-    return {"eagle3": "speculators_eagle3", "mlp": "mlp_speculator", "draft_lm": "hf_llama",
+    return {"eagle3": "speculators_eagle3", "dflash": "speculators_dflash", "mlp": "mlp_speculator", "draft_lm": "hf_llama",
             "medusa": "vllm_medusa"}.get(family, "speclab")
 
 
@@ -78,9 +79,14 @@ def write_layout(out: Path, speculator: Speculator, ctx: ExportContext) -> tuple
 
 
 def load_checkpoint(path: str | Path, target: TargetInfo | None = None) -> Speculator:
-    """A speculator from a speclab checkpoint or from any export layout above."""
+    """A speculator from a speclab checkpoint, from any export layout above, or from a checkpoint
+    speculators saved (speculators_import.py)."""
     path = Path(path)
     if not (path / SPECLAB_META).is_file():
+        if is_speculators_checkpoint(path):  # trained by speculators itself, not exported by speclab
+            if target is None:
+                raise ValueError(f"{path} is a speculators checkpoint: pass the live target to read it")
+            return load_speculators_checkpoint(path, target)
         return load_speculator(path, target)
     meta = checkpoint_meta(path)
     saved = TargetInfo(**meta["target"])

@@ -17,12 +17,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from interop import T, draft_lm_vs_transformers, eagle3_vs_speculators, load_in_speculators, \
+from interop import T, dflash_vs_speculators, load_dflash_in_speculators, draft_lm_vs_transformers, eagle3_vs_speculators, load_in_speculators, \
     masked_logits_ceiling, medusa_vs_vllm_oracle, mlp_vs_vllm_oracle
-from test_export_layouts import SPECS, exported, tensor_names
+from test_export_layouts import SPECS, exported, same_state, tensor_names
 from transformers import AutoModelForCausalLM
 
+from speclab.speculator.base import TargetInfo
 from speclab.speculator.target.builders import tiny_llama
+from speclab.sweeps.export_formats import load_checkpoint
 from speclab.sweeps.export_mlp import MASKED
 
 ATOL = 1e-5
@@ -53,6 +55,47 @@ def test_eagle3_loads_in_speculators_and_computes_speclabs_draft(tmp_path, targe
     assert torch.equal(model.embed_tokens.weight, speculator.embed_tokens.weight)
     diff, agree = eagle3_vs_speculators(speculator, out, target)
     assert diff < ATOL and agree == 1.0
+
+
+@pytest.mark.parametrize("draft_vocab_size", [0, 100])
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_dflash_loads_in_speculators_and_computes_speclabs_blocks(tmp_path, target, draft_vocab_size, num_layers):
+    spec = dict(SPECS["dflash"], draft_vocab_size=draft_vocab_size, num_layers=num_layers)
+    speculator, out = exported(tmp_path, target, "dflash", spec=spec)
+    config = json.loads((out / "config.json").read_text())
+    assert config["speculators_model_type"] == "dflash" and config["block_size"] == 4
+    assert config["mask_token_id"] == target.vocab_size - 1
+    diff, agree = dflash_vs_speculators(speculator, out, target)
+    assert diff < ATOL and agree == 1.0
+
+
+@pytest.mark.parametrize("draft_vocab_size", [0, 100])
+def test_a_dflash_saved_by_speculators_loads_into_speclab_with_its_logits(tmp_path, target, draft_vocab_size):
+    """The other way: speculators' own class, initialised at random and saved by it, read by
+    `load_checkpoint` (no speclab.json), computes in speclab what it computes in speculators."""
+    spec = dict(SPECS["dflash"], draft_vocab_size=draft_vocab_size)
+    speculator, out = exported(tmp_path, target, "dflash", spec=spec)
+    model = load_dflash_in_speculators(out)
+    torch.manual_seed(7)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.startswith(("layers.", "fc.", "hidden_norm.", "norm.")):
+                p.copy_(torch.randn_like(p) * (0.2 if p.ndim > 1 else 1.0))
+    saved = tmp_path / "saved-by-speculators"
+    model.save_pretrained(str(saved))
+    loaded = load_checkpoint(saved, TargetInfo.of(target))
+    assert not same_state(loaded, speculator)  # the weights it was given, not the export's
+    diff, agree = dflash_vs_speculators(loaded, saved, target)
+    assert diff < ATOL and agree == 1.0
+
+
+def test_dflash_with_another_mask_token_would_not_match(tmp_path, target):
+    """The control: the same export told another mask token computes other blocks."""
+    speculator, out = exported(tmp_path, target, "dflash")
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps(dict(config, mask_token_id=0)))
+    diff, _ = dflash_vs_speculators(speculator, out, target)
+    assert diff > 1e-3
 
 
 def test_a_narrower_eagle3_is_shaped_for_vllm_but_speculators_cannot_load_it(tmp_path, target):

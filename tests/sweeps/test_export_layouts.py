@@ -28,6 +28,8 @@ SPECS = {
     "draft_lm": {"num_layers": 1, "hidden_size": 16, "num_heads": 2, "intermediate_size": 32},
     "medusa": {"n_predict": 2, "draft_vocab_size": 100},
     "eagle": {"hidden_size": 32, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 64},
+    "dflash": {"block_size": 4, "num_heads": 4, "num_kv_heads": 2, "head_dim": 8, "intermediate_size": 48,
+               "draft_vocab_size": 100},
 }
 
 

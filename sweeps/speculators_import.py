@@ -1,0 +1,98 @@
+"""A checkpoint saved by vLLM's speculators library (no speclab.json beside it) read into the
+speclab family that computes the same draft: `load_checkpoint` falls back to it, so
+`speclab eval` scores a draft trained elsewhere.
+
+config.json is data from a stranger: only the fields below are read, each checked for its
+type, and nothing in it names code to run. A field speclab cannot honour (another layer type,
+attention biases, a sliding window, sampling from the anchor) is refused in one line.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from speclab.speculator.base import Speculator, TargetInfo
+from speclab.speculator.families import build_speculator
+
+# Tensors speculators keeps for training or reloads from the verifier: never the draft's own.
+VERIFIER_TENSORS = ("embed_tokens.weight", "verifier_lm_head.weight", "verifier_norm.weight", "t2d")
+
+
+def is_speculators_checkpoint(path: Path) -> bool:
+    config = path / "config.json"
+    if not config.is_file():
+        return False
+    try:
+        return "speculators_model_type" in json.loads(config.read_text())
+    except (ValueError, UnicodeDecodeError):
+        return False
+
+
+def load_speculators_checkpoint(path: str | Path, target: TargetInfo) -> Speculator:
+    path = Path(path)
+    config = json.loads((path / "config.json").read_text())
+    kind = config.get("speculators_model_type")
+    if kind not in CONFIGS:
+        raise ValueError(f"{path}: speculators model type {kind!r} has no speclab family that reads it "
+                         f"(readable: {sorted(CONFIGS)})")
+    family, options = CONFIGS[kind](config, target, path)
+    tensors = load_file(str(path / "model.safetensors"))
+    draft_vocab = _int(config, "draft_vocab_size", path)
+    options["draft_vocab_size"] = 0 if draft_vocab == target.vocab_size else draft_vocab
+    model = build_speculator(family, options, target)
+    state = {name: t for name, t in tensors.items() if name not in VERIFIER_TENSORS and name != "d2t"}
+    if not model.vocab.full:
+        d2t = tensors.get("d2t")
+        if d2t is None or d2t.numel() != draft_vocab:
+            raise ValueError(f"{path}: a {draft_vocab}-token draft vocabulary needs d2t [{draft_vocab}]")
+        state["vocab.ids"] = d2t.long() + torch.arange(draft_vocab)
+    if "lm_head.weight" not in state and model.vocab.full:
+        state["lm_head.weight"] = model.lm_head.weight.detach().clone()  # the verifier's, as speculators reloads it
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"{path}: tensors do not match a {family} draft of this shape "
+                         f"(missing {sorted(missing)[:4]}, unexpected {sorted(unexpected)[:4]})")
+    return model.eval()
+
+
+def _dflash(config: dict, target: TargetInfo, path: Path) -> tuple[str, dict]:
+    layer = config.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+        raise ValueError(f"{path}: config.json has no transformer_layer_config")
+    refused = [name for name, ok in (
+        ("sample_from_anchor", config.get("sample_from_anchor", False) is False),
+        ("attention_bias", layer.get("attention_bias", False) is False),
+        ("a sliding window", not layer.get("layer_types") or set(layer["layer_types"]) == {"full_attention"}),
+        ("hidden_act", layer.get("hidden_act", "silu") == "silu"),
+    ) if not ok]
+    if refused:
+        raise ValueError(f"{path}: speclab's dflash does not compute {', '.join(refused)} as this checkpoint sets it")
+    if _int(layer, "hidden_size", path) != target.hidden_size:
+        raise ValueError(f"{path}: a {layer['hidden_size']}-wide draft for a {target.hidden_size}-wide target")
+    rope = layer.get("rope_theta", (layer.get("rope_parameters") or {}).get("rope_theta", 10000.0))
+    return "dflash", {
+        "block_size": _int(config, "block_size", path),
+        "num_layers": _int(layer, "num_hidden_layers", path),
+        "num_heads": _int(layer, "num_attention_heads", path),
+        "num_kv_heads": _int(layer, "num_key_value_heads", path),
+        "head_dim": _int(layer, "head_dim", path),
+        "intermediate_size": _int(layer, "intermediate_size", path),
+        "target_layers": [int(i) for i in config.get("aux_hidden_state_layer_ids") or []],
+        "mask_token": _int(config, "mask_token_id", path),
+        "rope_theta": float(rope),
+        "rms_norm_eps": float(layer.get("rms_norm_eps", 1e-6)),
+    }
+
+
+CONFIGS = {"dflash": _dflash}
+
+
+def _int(section: dict, key: str, path: Path) -> int:
+    value = section.get(key)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"{path}: config.json field {key!r} must be an integer, not {value!r}")
+    return value
