@@ -38,7 +38,7 @@ from omegaconf import OmegaConf
 FAMILIES = "schema/speculator"
 SOURCES: dict[tuple[str, str], tuple[str, str]] = {
     **{(FAMILIES, family): (f"speclab.speculator.{family}", cls) for family, cls in {
-        "dflash": "DFlashConfig", "draft_lm": "DraftLMConfig", "eagle": "EagleConfig", "eagle3": "Eagle3Config", "hybrid": "HybridConfig",
+        "dflash": "DFlashConfig", "dspark": "DSparkConfig", "draft_lm": "DraftLMConfig", "eagle": "EagleConfig", "eagle3": "Eagle3Config", "hybrid": "HybridConfig",
         "hydra": "HydraConfig", "lstm": "LSTMConfig", "medusa": "MedusaConfig", "mlp": "MLPConfig",
         "ngram": "NgramConfig", "suffix": "SuffixConfig"}.items()},
     ("schema/training", "watchdog"): ("speclab.training.watchdog", "WatchdogConfig"),
@@ -74,14 +74,31 @@ def source_fields(module: str, name: str) -> list[Field]:
     literals = {n.targets[0].id for n in tree.body if isinstance(n, ast.Assign) and len(n.targets) == 1
                 and isinstance(n.targets[0], ast.Name) and ast.unparse(n.value).startswith("Literal[")}
     (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name]
-    fields = []
+    fields = _base_fields(module, tree, cls)
     for node in cls.body:
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             annotation = ast.unparse(node.annotation)
             if annotation.startswith("ClassVar"):
                 continue
             kind = PLAIN.get(annotation, str if annotation.startswith("Literal[") or annotation in literals else Any)
-            fields.append((node.target.id, kind, _default(node.value)))
+            fields = [f for f in fields if f[0] != node.target.id] + [(node.target.id, kind, _default(node.value))]
+    return fields
+
+
+def _base_fields(module: str, tree: ast.Module, cls: ast.ClassDef) -> list[Field]:
+    """The fields a dataclass inherits (dspark's config extends dflash's): each base class read
+    from this module's source, or from the sibling module it is imported from."""
+    fields: list[Field] = []
+    for base in cls.bases:
+        if not isinstance(base, ast.Name):
+            continue
+        if any(isinstance(n, ast.ClassDef) and n.name == base.id for n in tree.body):
+            fields += source_fields(module, base.id)
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.ImportFrom) and any(a.name == base.id for a in node.names):
+                package = module.rsplit(".", node.level)[0] if node.level else ""
+                fields += source_fields(f"{package}.{node.module}" if package else node.module, base.id)
     return fields
 
 

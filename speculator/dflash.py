@@ -27,8 +27,10 @@ speculators reloads it from the verifier), and the mask token is one of its rows
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
+import math
+
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .base import Features, Speculator, TargetInfo
@@ -131,13 +133,16 @@ class DFlashSpeculator(Speculator):
     Config = DFlashConfig
     shift = 1
     target_tensors = ("embed_weight",)
+    # The first block slot that drafts: DFlash's slot 0 holds the pending token and guesses
+    # nothing (speculators' sample_from_anchor=False); DSpark's guesses the token after it.
+    first_slot: ClassVar[int] = 1
 
     def __init__(self, config: DFlashConfig, target: TargetInfo):
         super().__init__(config, target)
-        if config.block_size < 2:
-            raise ValueError(f"dflash block_size {config.block_size} drafts nothing: it must be at least 2 (the pending token and one draft)")
+        if config.block_size - self.first_slot < 1:
+            raise ValueError(f"{self.family} block_size {config.block_size} drafts nothing")
         if config.head not in ("frozen", "trained"):
-            raise ValueError(f"dflash head {config.head!r}: frozen or trained")
+            raise ValueError(f"{self.family} head {config.head!r}: frozen or trained")
         d = target.hidden_size
         self.embed = FrozenTargetTensor(target.embed_weight, "input embedding", self.family)
         self.fc = nn.Linear(len(self.target_layer_ids) * d, d, bias=False)
@@ -157,7 +162,7 @@ class DFlashSpeculator(Speculator):
         ids = tuple(config.target_layers) or default_layer_ids(num_layers)
         bad = [i for i in ids if not 0 <= i <= num_layers]
         if bad:
-            raise ValueError(f"dflash target_layers {bad} outside 0..{num_layers} (0 = embeddings)")
+            raise ValueError(f"{cls.family} target_layers {bad} outside 0..{num_layers} (0 = embeddings)")
         return ids
 
     @property
@@ -165,11 +170,11 @@ class DFlashSpeculator(Speculator):
         return self.config.mask_token if self.config.mask_token >= 0 else self.target_info.vocab_size - 1
 
     def max_draft_len(self) -> int:
-        return self.config.block_size - 1
+        return self.config.block_size - self.first_slot
 
     def step_weights(self) -> list[float]:
         gamma = self.config.loss_decay
-        return [torch.exp(torch.tensor(-p / gamma)).item() if gamma > 0 else 1.0 for p in range(self.config.block_size - 1)]
+        return [math.exp(-p / gamma) if gamma > 0 else 1.0 for p in range(self.max_draft_len())]
 
     # --- the shared pass ------------------------------------------------------------
 
@@ -236,9 +241,15 @@ class DFlashSpeculator(Speculator):
         mask = (torch.arange(T, device=ids.device) < starts[..., None])  # [B, A, T]: context j < a
         mask = mask.repeat_interleave(self.config.block_size, 1)[:, None, None]  # [B, 1, 1, A bs, T]
         out = self.blocks(ids.gather(1, starts), starts, self.context_kv(context, 0), mask)  # [B, A, bs, d]
-        states = out.new_zeros(B, self.config.block_size - 1, T, out.shape[-1])
+        out = self.slot_states(out[:, :, self.first_slot:], ids, starts)  # [B, A, P, D]
+        states = out.new_zeros(B, out.shape[2], T, out.shape[-1])
         index = rows[:, None, :, None].expand(B, states.shape[1], rows.shape[1], out.shape[-1])
-        return states.scatter(2, index, out[:, :, 1:].transpose(1, 2))
+        return states.scatter(2, index, out.transpose(1, 2))
+
+    def slot_states(self, out: torch.Tensor, ids: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+        """The drafting slots' outputs [B, A, P, d] -> what `draft_head` reads (a family with a
+        head on the previous token too appends it here, teacher-forced from ids [B, T])."""
+        return out
 
     def loss(self, feats: Features, objective, target_head):
         rows = self.anchor_rows(feats)
@@ -272,19 +283,23 @@ class DFlashSpeculator(Speculator):
         token = int(pending.reshape(-1)[0])
         if state.block is None or state.block[:2] != (state.length, token):
             starts = torch.tensor([[state.length]], device=pending.device)
-            out = self.blocks(pending.reshape(1, 1), starts, state.cache, None)[0, 0, 1:]  # [bs - 1, d]
-            state.block = (state.length, token, self.lm_head(out))
+            out = self.blocks(pending.reshape(1, 1), starts, state.cache, None)[0, 0, self.first_slot:]  # [P, d]
+            state.block = (state.length, token, self.block_output(out))
         return state.block[2]
+
+    def block_output(self, out: torch.Tensor) -> torch.Tensor:
+        """A pass's drafting slots [P, d] -> what the step's calls read: DFlash's logits [P, N]."""
+        return self.lm_head(out)
 
     @torch.no_grad()
     def propose(self, state: DFlashState, pending: torch.Tensor, k: int):
-        logits = self._block_logits(state, pending)[: max(0, min(k, self.config.block_size - 1))]  # [k', N]
+        logits = self._block_logits(state, pending)[: max(0, min(k, self.max_draft_len()))]  # [k', N]
         return self.vocab.to_target(logits.argmax(-1))[None], logits[None]
 
     @torch.no_grad()
     def extend(self, state: DFlashState, pending: torch.Tensor, paths: torch.Tensor) -> torch.Tensor:
         M, d = paths.shape
-        if d >= self.config.block_size - 1:
-            raise ValueError(f"dflash drafts {self.config.block_size - 1} tokens a block; a tree of depth {d + 1} is deeper")
+        if d >= self.max_draft_len():
+            raise ValueError(f"{self.family} drafts {self.max_draft_len()} tokens a block; a tree of depth {d + 1} is deeper")
         # A slot's guess reads the pending token and the context only: the same for every path.
         return self._block_logits(state, pending)[d].expand(M, -1)

@@ -12,6 +12,7 @@ from typing import Any
 
 from .base import Speculator
 from .dflash import DFlashSpeculator
+from .dspark import DSparkSpeculator
 from .draft_lm import DraftLM
 from .eagle import EagleSpeculator
 from .eagle3 import Eagle3Speculator
@@ -24,7 +25,7 @@ from .renamed import check_renamed
 from .suffix import SuffixSpeculator
 
 DRAFTERS: dict[str, type[Speculator]] = {cls.family: cls for cls in (
-    DFlashSpeculator, DraftLM, EagleSpeculator, Eagle3Speculator, HydraSpeculator, LSTMSpeculator,
+    DFlashSpeculator, DSparkSpeculator, DraftLM, EagleSpeculator, Eagle3Speculator, HydraSpeculator, LSTMSpeculator,
     MedusaSpeculator, MLPSpeculator, NgramSpeculator, SuffixSpeculator,
 )}
 

@@ -56,7 +56,7 @@ def refusals(speculator: Speculator, layout: str) -> list[str]:
             out.append(f"target layer {L} was read after the final norm (HF hidden_states[{L}]), but vLLM hands "
                        f"the draft the pre-norm residual stream; train on layers 0..{L - 1}")
         return out
-    if layout == "speculators_dflash":
+    if layout in ("speculators_dflash", "speculators_dspark"):
         L, ids, out = speculator.target_info.num_layers, list(speculator.target_layer_ids), []
         if any(i >= L for i in ids):
             out.append(f"target layer {L} was read after the final norm (HF hidden_states[{L}]), but vLLM hands "
@@ -181,22 +181,24 @@ def speculators_eagle3(speculator: Speculator, ctx: ExportContext, out: Path) ->
 
 
 def speculators_dflash(speculator: Speculator, ctx: ExportContext, out: Path) -> tuple[dict, dict, dict]:
-    """dflash.py already uses speculators' `DFlashDraftModel` names; its layers are Qwen3's
+    """dflash.py (and dspark.py) already use speculators' `DFlashDraftModel` (`DSparkDraftModel`) names; its layers are Qwen3's
     (q/k norms), so the layer config is a Qwen3Config. The embedding is the verifier's (not
     saved, as speculators saves none); a reduced vocabulary's head and d2t/t2d are."""
     c, target = speculator.config, speculator.target_info
     verifier_name, verifier_arch = verifier_of(ctx, target.name, out)
     tensors, weight_map = renamed_tensors(speculator, lambda name: name)
+    kind = speculator.family  # dflash, or dspark (dflash's config plus its Markov head's)
     config = {
-        "speculators_model_type": "dflash",
+        "speculators_model_type": kind,
         "speculators_version": SPECULATORS_VERSION,
-        "architectures": ["DFlashSpeculator"],
+        "architectures": [{"dflash": "DFlashSpeculator", "dspark": "DSparkSpeculator"}[kind]],
         "draft_vocab_size": speculator.vocab.size,
         "block_size": c.block_size,
         "target_hidden_size": target.hidden_size,
         "aux_hidden_state_layer_ids": list(speculator.target_layer_ids),
         "mask_token_id": speculator.mask_token_id,
-        "sample_from_anchor": False,  # slot 0 is the pending (bonus) token; slots 1.. are drafted
+        # dflash: slot 0 is the pending (bonus) token, slots 1.. draft; dspark: every slot drafts
+        "sample_from_anchor": speculator.first_slot == 0,
         "sliding_window_non_causal": False,
         "transformer_layer_config": {
             "model_type": "qwen3",
@@ -215,14 +217,17 @@ def speculators_dflash(speculator: Speculator, ctx: ExportContext, out: Path) ->
             "tie_word_embeddings": False,
         },
         "speculators_config": {
-            "algorithm": "dflash",
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": min(ctx.k, c.block_size - 1),
+            "algorithm": kind,
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": min(ctx.k, speculator.max_draft_len()),
                                   "verifier_accept_k": 1, "accept_tolerance": 0.0}],
             "default_proposal_method": "greedy",
             "verifier": {"name_or_path": verifier_name, "architectures": [verifier_arch] if verifier_arch else []},
         },
         "torch_dtype": _dtype_name(speculator),
     }
+    if kind == "dspark":  # no confidence head: speclab verifies every drafted slot (dspark.py)
+        config.update(markov_rank=c.markov_rank, markov_head_type=c.markov_head,
+                      enable_confidence_head=False, confidence_head_with_markov=False)
     return tensors, config, {"weight_map": weight_map}
 
 
@@ -256,7 +261,7 @@ def vllm_medusa(speculator: Speculator, ctx: ExportContext, out: Path) -> tuple[
 
 
 FOREIGN: dict[str, Callable] = {"mlp_speculator": mlp_speculator, "speculators_eagle3": speculators_eagle3,
-                                "speculators_dflash": speculators_dflash,
+                                "speculators_dflash": speculators_dflash, "speculators_dspark": speculators_dflash,
                                 "hf_llama": hf_llama, "vllm_medusa": vllm_medusa}
 
 

@@ -20,6 +20,7 @@ from speclab.speculator.families import build_speculator
 
 # Tensors speculators keeps for training or reloads from the verifier: never the draft's own.
 VERIFIER_TENSORS = ("embed_tokens.weight", "verifier_lm_head.weight", "verifier_norm.weight", "t2d")
+DROPPED = ("confidence_head.",)  # dspark's acceptance estimate: it changes no draft
 
 
 def is_speculators_checkpoint(path: Path) -> bool:
@@ -44,7 +45,8 @@ def load_speculators_checkpoint(path: str | Path, target: TargetInfo) -> Specula
     draft_vocab = _int(config, "draft_vocab_size", path)
     options["draft_vocab_size"] = 0 if draft_vocab == target.vocab_size else draft_vocab
     model = build_speculator(family, options, target)
-    state = {name: t for name, t in tensors.items() if name not in VERIFIER_TENSORS and name != "d2t"}
+    state = {name: t for name, t in tensors.items()
+             if name not in VERIFIER_TENSORS and name != "d2t" and not name.startswith(DROPPED)}
     if not model.vocab.full:
         d2t = tensors.get("d2t")
         if d2t is None or d2t.numel() != draft_vocab:
@@ -57,6 +59,21 @@ def load_speculators_checkpoint(path: str | Path, target: TargetInfo) -> Specula
         raise ValueError(f"{path}: tensors do not match a {family} draft of this shape "
                          f"(missing {sorted(missing)[:4]}, unexpected {sorted(unexpected)[:4]})")
     return model.eval()
+
+
+def _dspark(config: dict, target: TargetInfo, path: Path) -> tuple[str, dict]:
+    """dflash's fields plus the Markov head's; a confidence head is left out (it estimates
+    acceptance and changes no draft: dspark.py)."""
+    if not isinstance(config.get("markov_rank"), int) or config["markov_rank"] < 1:
+        raise ValueError(f"{path}: a dspark without a Markov head (markov_rank {config.get('markov_rank')!r}) "
+                         "drafts as dflash, whose slot 0 drafts nothing; speclab's dspark needs markov_rank >= 1")
+    if config.get("markov_head_type", "vanilla") not in ("vanilla", "gated"):
+        raise ValueError(f"{path}: speclab's dspark computes the vanilla and gated Markov heads, "
+                         f"not {config['markov_head_type']!r}")
+    _, options = _dflash(dict(config, sample_from_anchor=False), target, path)
+    if config.get("sample_from_anchor", True) is not True:
+        raise ValueError(f"{path}: speclab's dspark drafts from every slot (sample_from_anchor true)")
+    return "dspark", dict(options, markov_rank=config["markov_rank"], markov_head=config.get("markov_head_type", "vanilla"))
 
 
 def _dflash(config: dict, target: TargetInfo, path: Path) -> tuple[str, dict]:
@@ -88,7 +105,7 @@ def _dflash(config: dict, target: TargetInfo, path: Path) -> tuple[str, dict]:
     }
 
 
-CONFIGS = {"dflash": _dflash}
+CONFIGS = {"dflash": _dflash, "dspark": _dspark}
 
 
 def _int(section: dict, key: str, path: Path) -> int:

@@ -4,7 +4,8 @@ serving_figures.py (the figures in docs/serving.md).
 
 - eagle3: vLLM's own `speculators` library, `SpeculatorModel.from_pretrained(export)`, its
   training forward unrolled over 3 TTT steps (the draft logits are caught at its lm_head);
-- dflash: the same library's `DFlashDraftModel`, its training forward over every anchor;
+- dflash, dspark: the same library's `DFlashDraftModel` / `DSparkDraftModel`, its training
+  forward over every anchor (dspark's Markov bias caught beside its lm_head);
 - mlp: vLLM's `MLPSpeculator` rebuilt as an oracle (vllm_mlp_oracle.py), over the full vocabulary;
 - medusa: vLLM's `Medusa` rebuilt as an oracle (vllm_medusa_oracle.py);
 - draft_lm: transformers' `AutoModelForCausalLM.from_pretrained(export)`.
@@ -63,15 +64,14 @@ def eagle3_vs_speculators(speculator, out: Path, target) -> tuple[float, float]:
     return _figures(torch.stack(caught), want)
 
 
-def load_dflash_in_speculators(out: Path):
+def load_block_drafter_in_speculators(out: Path):
     """speculators' DFlashDraftModel from the export, on its dense ("eager") attention with the
     float mask speculators builds for it: its default flex attention compiles block masks, which
     a CPU cannot run. The mask says the same (which keys each block row sees) in another form.
     Its frozen embedding (and a full vocabulary's head) are re-read from the saved verifier."""
-    from speculators import SpeculatorModel
-    from speculators.models.dflash import DFlashSpeculatorConfig
+    from speculators import SpeculatorModel, SpeculatorModelConfig
 
-    config = DFlashSpeculatorConfig.from_pretrained(str(out))
+    config = SpeculatorModelConfig.from_pretrained(str(out))
     config.transformer_layer_config._attn_implementation = "eager"
     model = SpeculatorModel.from_pretrained(str(out), config=config)
     model.load_verifier_weights()
@@ -84,16 +84,21 @@ def dflash_vs_speculators(speculator, out: Path, target) -> tuple[float, float]:
     them: max_anchors covers every valid position, so its random pick is all, sorted) against
     speclab's draft logits of the same block: anchor a's slot j is speclab's step j - 1 at row
     a - 1. Anchor 0 (no context) has no speclab row and is skipped."""
-    model = load_dflash_in_speculators(out)
+    model = load_block_drafter_in_speculators(out)
     feats = target_features(target, speculator)
-    bs = speculator.config.block_size
-    caught = []
+    bs, first = speculator.config.block_size, speculator.first_slot
+    caught, bias = [], []
     hook = model.lm_head.register_forward_hook(lambda module, args, logits: caught.append(logits[0]))
+    markov = getattr(model, "markov_head", None)
+    if markov is not None:  # dspark adds its Markov bias after lm_head: catch it too
+        block_bias = markov.block_bias
+        markov.block_bias = lambda **kw: bias.append(block_bias(**kw)) or bias[-1]
     model(hidden_states=feats.layers.flatten(-2), input_ids=feats.input_ids,
           loss_mask=torch.ones(1, T, dtype=torch.long), verifier_last_hidden_states=feats.hidden,
           document_ids=torch.zeros(1, T, dtype=torch.long), max_anchors=T - bs)
     hook.remove()
-    got = caught[0].view(T - bs, bs, -1)[1:, 1:]  # [anchors 1.., slots 1.., N]
+    got = caught[0].view(T - bs, bs, -1) + (bias[0] if bias else 0)  # [anchors, slots, N]
+    got = got[1:, first:]  # anchor 0 has no speclab row; dflash's slot 0 drafts nothing
     want = speculator.draft_logits(feats)[0, :, : T - bs - 1].transpose(0, 1)  # [rows 0.., steps, N]
     return _figures(got, want)
 
@@ -144,10 +149,11 @@ def draft_lm_vs_transformers(speculator, out: Path, target) -> tuple[float, floa
     return _figures(model(feats.input_ids).logits[0], speculator.draft_logits(feats)[0, 0])
 
 
-COMPARE = {"eagle3": eagle3_vs_speculators, "dflash": dflash_vs_speculators, "mlp": mlp_vs_vllm_oracle, "medusa": medusa_vs_vllm_oracle,
+COMPARE = {"eagle3": eagle3_vs_speculators, "dflash": dflash_vs_speculators, "dspark": dflash_vs_speculators, "mlp": mlp_vs_vllm_oracle, "medusa": medusa_vs_vllm_oracle,
            "draft_lm": draft_lm_vs_transformers}
 CLIENT = {"eagle3": "speculators 0.9.0 `SpeculatorModel.from_pretrained`",
           "dflash": "speculators 0.9.0 `SpeculatorModel.from_pretrained`",
+          "dspark": "speculators 0.9.0 `SpeculatorModel.from_pretrained`",
           "mlp": "vLLM `MLPSpeculator` oracle (rebuilt from vLLM's source)",
           "medusa": "vLLM `Medusa` oracle (rebuilt from vLLM's source)",
           "draft_lm": "transformers `AutoModelForCausalLM.from_pretrained`"}

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from interop import T, dflash_vs_speculators, load_dflash_in_speculators, draft_lm_vs_transformers, eagle3_vs_speculators, load_in_speculators, \
+from interop import T, dflash_vs_speculators, load_block_drafter_in_speculators, draft_lm_vs_transformers, eagle3_vs_speculators, load_in_speculators, \
     masked_logits_ceiling, medusa_vs_vllm_oracle, mlp_vs_vllm_oracle
 from test_export_layouts import SPECS, exported, same_state, tensor_names
 from transformers import AutoModelForCausalLM
@@ -70,16 +70,29 @@ def test_dflash_loads_in_speculators_and_computes_speclabs_blocks(tmp_path, targ
 
 
 @pytest.mark.parametrize("draft_vocab_size", [0, 100])
-def test_a_dflash_saved_by_speculators_loads_into_speclab_with_its_logits(tmp_path, target, draft_vocab_size):
+@pytest.mark.parametrize("markov_head", ["vanilla", "gated"])
+def test_dspark_loads_in_speculators_and_computes_speclabs_blocks(tmp_path, target, draft_vocab_size, markov_head):
+    spec = dict(SPECS["dspark"], draft_vocab_size=draft_vocab_size, markov_head=markov_head)
+    speculator, out = exported(tmp_path, target, "dspark", spec=spec)
+    config = json.loads((out / "config.json").read_text())
+    assert config["speculators_model_type"] == "dspark" and config["sample_from_anchor"] is True
+    diff, agree = dflash_vs_speculators(speculator, out, target)
+    assert diff < ATOL and agree == 1.0
+
+
+@pytest.mark.parametrize("family", ["dflash", "dspark"])
+@pytest.mark.parametrize("draft_vocab_size", [0, 100])
+def test_a_block_drafter_saved_by_speculators_loads_into_speclab_with_its_logits(tmp_path, target, draft_vocab_size,
+                                                                                 family):
     """The other way: speculators' own class, initialised at random and saved by it, read by
     `load_checkpoint` (no speclab.json), computes in speclab what it computes in speculators."""
-    spec = dict(SPECS["dflash"], draft_vocab_size=draft_vocab_size)
-    speculator, out = exported(tmp_path, target, "dflash", spec=spec)
-    model = load_dflash_in_speculators(out)
+    spec = dict(SPECS[family], draft_vocab_size=draft_vocab_size)
+    speculator, out = exported(tmp_path, target, family, spec=spec)
+    model = load_block_drafter_in_speculators(out)
     torch.manual_seed(7)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.startswith(("layers.", "fc.", "hidden_norm.", "norm.")):
+            if name.startswith(("layers.", "fc.", "hidden_norm.", "norm.", "markov_head.")):
                 p.copy_(torch.randn_like(p) * (0.2 if p.ndim > 1 else 1.0))
     saved = tmp_path / "saved-by-speculators"
     model.save_pretrained(str(saved))

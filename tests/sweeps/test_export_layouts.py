@@ -30,6 +30,8 @@ SPECS = {
     "eagle": {"hidden_size": 32, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 64},
     "dflash": {"block_size": 4, "num_heads": 4, "num_kv_heads": 2, "head_dim": 8, "intermediate_size": 48,
                "draft_vocab_size": 100},
+    "dspark": {"block_size": 3, "num_heads": 4, "num_kv_heads": 2, "head_dim": 8, "intermediate_size": 48,
+               "markov_rank": 6, "draft_vocab_size": 100},
 }
 
 
