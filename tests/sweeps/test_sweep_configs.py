@@ -95,11 +95,20 @@ def test_halving_is_the_speclab_sweeper_ranking_by_a_measured_metric():
     assert cfg.hydra.sweeper.metric in ("speedup", "acceptance_length")
 
 
+def test_parallel_crosses_block_size_layers_and_width_of_a_block_drafter():
+    cfg = _compose(["+sweep=parallel", "target=tiny"])
+    params = cfg.hydra.sweeper.params
+    assert cfg.speculator.family == "dflash"
+    assert [int(v) for v in params["speculator.block_size"].split(",")] == [4, 8, 16]
+    assert [int(v) for v in params["speculator.num_layers"].split(",")] == [1, 2]
+    assert len(params["speculator.intermediate_size"].split(",")) >= 2
+
+
 def test_data_scaling_crosses_budgets_recipes_and_families_on_one_eval_set():
     params = _compose(["+sweep=data_scaling", "target=tiny"]).hydra.sweeper.params
     budgets = [int(b) for b in params["data.max_tokens"].split(",")]
     assert budgets == sorted(budgets) and {30_000, 100_000, 300_000, 1_000_000} <= set(budgets)
-    assert set(params["speculator"].split(",")) >= {"mlp", "hydra", "eagle3"}
+    assert set(params["speculator"].split(",")) >= {"mlp", "hydra", "eagle3", "dflash", "dspark"}
     recipes = params["+sweep/recipe"].split(",")
     assert set(recipes) == {"self_distilled", "teacher_forced", "two_stage"}
     composed = {r: _compose(["+sweep=data_scaling", f"+sweep/recipe={r}", "target=tiny"]) for r in recipes}
