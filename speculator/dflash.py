@@ -76,6 +76,7 @@ class DFlashConfig:
 class DFlashState:
     cache: list[KV]  # per layer, the context's keys/values [1, h_kv, n, dh]
     length: int  # context positions held (0..length-1); the pending token sits at `length`
+    last_token: int  # the token at position length - 1 (xpress's refiner reads it)
     block: tuple[int, int, torch.Tensor] | None = None  # (length, pending id, logits [block_size - 1, N]) of the last pass
 
 
@@ -241,15 +242,16 @@ class DFlashSpeculator(Speculator):
         mask = (torch.arange(T, device=ids.device) < starts[..., None])  # [B, A, T]: context j < a
         mask = mask.repeat_interleave(self.config.block_size, 1)[:, None, None]  # [B, 1, 1, A bs, T]
         out = self.blocks(ids.gather(1, starts), starts, self.context_kv(context, 0), mask)  # [B, A, bs, d]
-        out = self.slot_states(out[:, :, self.first_slot:], ids, starts)  # [B, A, P, D]
+        out = self.slot_states(out, ids, starts)  # [B, A, P, D]
         states = out.new_zeros(B, out.shape[2], T, out.shape[-1])
         index = rows[:, None, :, None].expand(B, states.shape[1], rows.shape[1], out.shape[-1])
         return states.scatter(2, index, out.transpose(1, 2))
 
     def slot_states(self, out: torch.Tensor, ids: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
-        """The drafting slots' outputs [B, A, P, d] -> what `draft_head` reads (a family with a
-        head on the previous token too appends it here, teacher-forced from ids [B, T])."""
-        return out
+        """The blocks' outputs [B, A, block_size, d] -> what `draft_head` reads at the drafting
+        slots [B, A, P, D] (a family with a head on the previous tokens appends its features
+        here, teacher-forced from ids [B, T])."""
+        return out[:, :, self.first_slot:]
 
     def loss(self, feats: Features, objective, target_head):
         rows = self.anchor_rows(feats)
@@ -269,13 +271,14 @@ class DFlashSpeculator(Speculator):
     def start(self, prompt_ids: torch.Tensor, prompt_hidden: torch.Tensor, layers: torch.Tensor | None = None) -> DFlashState:
         if layers is None:
             raise ValueError(f"dflash reads the target's layers {self.target_layer_ids}; none were given")
-        return DFlashState(self.context_kv(self.context(layers), 0), prompt_ids.shape[1])
+        return DFlashState(self.context_kv(self.context(layers), 0), prompt_ids.shape[1], int(prompt_ids[0, -1]))
 
     @torch.no_grad()
     def accept(self, state: DFlashState, committed: torch.Tensor, hidden: torch.Tensor, layers: torch.Tensor | None = None) -> None:
         new = self.context_kv(self.context(layers), state.length)
         state.cache = [(torch.cat([k, nk], 2), torch.cat([v, nv], 2)) for (k, v), (nk, nv) in zip(state.cache, new)]
         state.length += committed.shape[1]
+        state.last_token = int(committed[0, -1])
         state.block = None
 
     def _block_logits(self, state: DFlashState, pending: torch.Tensor) -> torch.Tensor:  # [block_size - 1, N]
@@ -283,13 +286,13 @@ class DFlashSpeculator(Speculator):
         token = int(pending.reshape(-1)[0])
         if state.block is None or state.block[:2] != (state.length, token):
             starts = torch.tensor([[state.length]], device=pending.device)
-            out = self.blocks(pending.reshape(1, 1), starts, state.cache, None)[0, 0, self.first_slot:]  # [P, d]
+            out = self.blocks(pending.reshape(1, 1), starts, state.cache, None)[0, 0]  # [block_size, d]
             state.block = (state.length, token, self.block_output(out))
         return state.block[2]
 
     def block_output(self, out: torch.Tensor) -> torch.Tensor:
-        """A pass's drafting slots [P, d] -> what the step's calls read: DFlash's logits [P, N]."""
-        return self.lm_head(out)
+        """A pass's output [block_size, d] -> what the step's calls read: DFlash's logits [P, N]."""
+        return self.lm_head(out[self.first_slot:])
 
     @torch.no_grad()
     def propose(self, state: DFlashState, pending: torch.Tensor, k: int):

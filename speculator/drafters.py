@@ -23,10 +23,11 @@ from .mlp import MLPSpeculator
 from .ngram import NgramSpeculator
 from .renamed import check_renamed
 from .suffix import SuffixSpeculator
+from .xpress import XPressSpeculator
 
 DRAFTERS: dict[str, type[Speculator]] = {cls.family: cls for cls in (
     DFlashSpeculator, DSparkSpeculator, DraftLM, EagleSpeculator, Eagle3Speculator, HydraSpeculator, LSTMSpeculator,
-    MedusaSpeculator, MLPSpeculator, NgramSpeculator, SuffixSpeculator,
+    MedusaSpeculator, MLPSpeculator, NgramSpeculator, SuffixSpeculator, XPressSpeculator,
 )}
 
 

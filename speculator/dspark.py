@@ -65,7 +65,7 @@ class DSparkSpeculator(DFlashSpeculator):
         return self.target_info.hidden_size
 
     def slot_states(self, out: torch.Tensor, ids: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
-        P = out.shape[2]
+        P = out.shape[2]  # every slot drafts
         padded = F.pad(ids, (0, P))  # slots past the sequence's end read 0 (their rows are never trained)
         previous = padded.gather(1, (starts[..., None] + torch.arange(P, device=ids.device)).flatten(1))  # x_{p+k}
         e = self.markov_head.markov_w1(previous).view(*out.shape[:3], -1).to(out.dtype)
@@ -85,7 +85,7 @@ class DSparkSpeculator(DFlashSpeculator):
     # --- inference: one block pass, then the bias slot by slot ----------------------------
 
     def block_output(self, out: torch.Tensor) -> torch.Tensor:
-        return out  # the slots' hidden states [P, d]: the bias needs each slot's previous token first
+        return out  # the slots' hidden states [block_size = P, d]: the bias needs each slot's previous token first
 
     def _slot_logits(self, h: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
         """h [d] one slot's state, previous [M] target ids -> [M, N]."""

@@ -56,7 +56,7 @@ def refusals(speculator: Speculator, layout: str) -> list[str]:
             out.append(f"target layer {L} was read after the final norm (HF hidden_states[{L}]), but vLLM hands "
                        f"the draft the pre-norm residual stream; train on layers 0..{L - 1}")
         return out
-    if layout in ("speculators_dflash", "speculators_dspark"):
+    if layout in ("speculators_dflash", "speculators_dspark", "speculators_xpress"):
         L, ids, out = speculator.target_info.num_layers, list(speculator.target_layer_ids), []
         if any(i >= L for i in ids):
             out.append(f"target layer {L} was read after the final norm (HF hidden_states[{L}]), but vLLM hands "
@@ -181,17 +181,18 @@ def speculators_eagle3(speculator: Speculator, ctx: ExportContext, out: Path) ->
 
 
 def speculators_dflash(speculator: Speculator, ctx: ExportContext, out: Path) -> tuple[dict, dict, dict]:
-    """dflash.py (and dspark.py) already use speculators' `DFlashDraftModel` (`DSparkDraftModel`) names; its layers are Qwen3's
+    """dflash.py (dspark.py, xpress.py) already use speculators' `DFlashDraftModel` (`DSparkDraftModel`,
+    `XPressDraftModel`) names; its layers are Qwen3's
     (q/k norms), so the layer config is a Qwen3Config. The embedding is the verifier's (not
     saved, as speculators saves none); a reduced vocabulary's head and d2t/t2d are."""
     c, target = speculator.config, speculator.target_info
     verifier_name, verifier_arch = verifier_of(ctx, target.name, out)
     tensors, weight_map = renamed_tensors(speculator, lambda name: name)
-    kind = speculator.family  # dflash, or dspark (dflash's config plus its Markov head's)
+    kind = speculator.family  # dflash, or dspark / xpress (dflash's config plus their heads')
     config = {
         "speculators_model_type": kind,
         "speculators_version": SPECULATORS_VERSION,
-        "architectures": [{"dflash": "DFlashSpeculator", "dspark": "DSparkSpeculator"}[kind]],
+        "architectures": [{"dflash": "DFlashSpeculator", "dspark": "DSparkSpeculator", "xpress": "XPressSpeculator"}[kind]],
         "draft_vocab_size": speculator.vocab.size,
         "block_size": c.block_size,
         "target_hidden_size": target.hidden_size,
@@ -228,6 +229,9 @@ def speculators_dflash(speculator: Speculator, ctx: ExportContext, out: Path) ->
     if kind == "dspark":  # no confidence head: speclab verifies every drafted slot (dspark.py)
         config.update(markov_rank=c.markov_rank, markov_head_type=c.markov_head,
                       enable_confidence_head=False, confidence_head_with_markov=False)
+    if kind == "xpress":  # Jacobi passes settle the block in at most block_size - 1 (xpress.py)
+        config.update(xpress_rank=c.xpress_rank, xpress_mlp_ratio=c.xpress_mlp_ratio,
+                      num_jacobi_passes=c.block_size - 1)
     return tensors, config, {"weight_map": weight_map}
 
 
@@ -262,6 +266,7 @@ def vllm_medusa(speculator: Speculator, ctx: ExportContext, out: Path) -> tuple[
 
 FOREIGN: dict[str, Callable] = {"mlp_speculator": mlp_speculator, "speculators_eagle3": speculators_eagle3,
                                 "speculators_dflash": speculators_dflash, "speculators_dspark": speculators_dflash,
+                                "speculators_xpress": speculators_dflash,
                                 "hf_llama": hf_llama, "vllm_medusa": vllm_medusa}
 
 

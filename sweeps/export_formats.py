@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 
 
 def layout_of(family: str) -> str:
-    return {"eagle3": "speculators_eagle3", "dflash": "speculators_dflash", "dspark": "speculators_dspark", "mlp": "mlp_speculator", "draft_lm": "hf_llama",
+    return {"eagle3": "speculators_eagle3", "dflash": "speculators_dflash", "dspark": "speculators_dspark", "xpress": "speculators_xpress", "mlp": "mlp_speculator", "draft_lm": "hf_llama",
             "medusa": "vllm_medusa"}.get(family, "speclab")
 
 

@@ -76,6 +76,14 @@ def _dspark(config: dict, target: TargetInfo, path: Path) -> tuple[str, dict]:
     return "dspark", dict(options, markov_rank=config["markov_rank"], markov_head=config.get("markov_head_type", "vanilla"))
 
 
+def _xpress(config: dict, target: TargetInfo, path: Path) -> tuple[str, dict]:
+    """dflash's fields plus the refiner's; its Jacobi pass count is the engine's (speclab runs
+    passes until the block settles: xpress.py)."""
+    _, options = _dflash(config, target, path)
+    return "xpress", dict(options, xpress_rank=_int(config, "xpress_rank", path),
+                          xpress_mlp_ratio=_int(config, "xpress_mlp_ratio", path))
+
+
 def _dflash(config: dict, target: TargetInfo, path: Path) -> tuple[str, dict]:
     layer = config.get("transformer_layer_config")
     if not isinstance(layer, dict):
@@ -105,7 +113,7 @@ def _dflash(config: dict, target: TargetInfo, path: Path) -> tuple[str, dict]:
     }
 
 
-CONFIGS = {"dflash": _dflash, "dspark": _dspark}
+CONFIGS = {"dflash": _dflash, "dspark": _dspark, "xpress": _xpress}
 
 
 def _int(section: dict, key: str, path: Path) -> int:

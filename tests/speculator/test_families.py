@@ -43,6 +43,10 @@ SMALL = {
                     markov_rank=5),
                dict(block_size=4, num_layers=2, num_heads=3, num_kv_heads=3, head_dim=4, intermediate_size=23,
                     target_layers=[1, 3], markov_rank=3, markov_head="gated", anchors=3, draft_vocab_size=19)],
+    "xpress": [dict(block_size=4, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=6, intermediate_size=40,
+                    xpress_rank=5),
+               dict(block_size=5, num_layers=2, num_heads=3, num_kv_heads=3, head_dim=4, intermediate_size=23,
+                    target_layers=[1, 3], xpress_rank=3, xpress_mlp_ratio=1, anchors=3, draft_vocab_size=19)],
     "lstm": [dict(n_predict=3, inner_dim=24, tie_weights=True),
              dict(n_predict=4, inner_dim=17, tie_weights=False, draft_vocab_size=19)],
     # min_match out of reach: every step drafts with the learned part, whose training forward this checks

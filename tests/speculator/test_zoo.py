@@ -13,8 +13,8 @@ from speclab.speculator.eagle3 import default_layer_ids
 
 from test_families import SMALL, TOL, TRAINING_FREE, random_layers, target_info
 
-ZOO = [f for f in ("medusa", "hydra", "eagle", "eagle3", "lstm", "dflash", "dspark") if f in SMALL]
-BLOCK = {"dflash", "dspark"}  # block drafters: every step of a block reads the pending token alone
+ZOO = [f for f in ("medusa", "hydra", "eagle", "eagle3", "lstm", "dflash", "dspark", "xpress") if f in SMALL]
+BLOCK = {"dflash", "dspark", "xpress"}  # block drafters: every step of a block reads the pending token alone
 
 
 def started(spec, info, T0=6, seed=3):
@@ -86,7 +86,7 @@ def test_size_knobs_change_the_parameter_count(family):
 def bigger(family: str) -> dict:
     return {"medusa": dict(num_blocks=3), "hydra": dict(hidden_size=32, num_blocks=2),
             "eagle": dict(num_layers=2), "eagle3": dict(num_layers=2, intermediate_size=64),
-            "lstm": dict(inner_dim=32), "dflash": dict(num_layers=2), "dspark": dict(markov_rank=9)}[family]
+            "lstm": dict(inner_dim=32), "dflash": dict(num_layers=2), "dspark": dict(markov_rank=9), "xpress": dict(xpress_rank=9)}[family]
 
 
 @pytest.mark.parametrize("family", ZOO)
@@ -183,7 +183,7 @@ def real_target_config(family: str) -> dict:
     training-free family's defaults."""
     if family in TRAINING_FREE:
         return {}
-    return dict(SMALL[family][1], **({"target_layers": []} if family in ("eagle3", "dflash", "dspark") else {}))
+    return dict(SMALL[family][1], **({"target_layers": []} if family in ("eagle3", "dflash", "dspark", "xpress") else {}))
 
 
 @pytest.mark.parametrize("family", sorted(REGISTRY))

@@ -4,8 +4,9 @@ serving_figures.py (the figures in docs/serving.md).
 
 - eagle3: vLLM's own `speculators` library, `SpeculatorModel.from_pretrained(export)`, its
   training forward unrolled over 3 TTT steps (the draft logits are caught at its lm_head);
-- dflash, dspark: the same library's `DFlashDraftModel` / `DSparkDraftModel`, its training
-  forward over every anchor (dspark's Markov bias caught beside its lm_head);
+- dflash, dspark, xpress: the same library's `DFlashDraftModel` / `DSparkDraftModel` /
+  `XPressDraftModel`, its training forward over every anchor (dspark's Markov bias and
+  xpress's teacher-forced refiner bias caught beside its lm_head);
 - mlp: vLLM's `MLPSpeculator` rebuilt as an oracle (vllm_mlp_oracle.py), over the full vocabulary;
 - medusa: vLLM's `Medusa` rebuilt as an oracle (vllm_medusa_oracle.py);
 - draft_lm: transformers' `AutoModelForCausalLM.from_pretrained(export)`.
@@ -75,6 +76,12 @@ def load_block_drafter_in_speculators(out: Path):
     config.transformer_layer_config._attn_implementation = "eager"
     model = SpeculatorModel.from_pretrained(str(out), config=config)
     model.load_verifier_weights()
+    refiner = getattr(model, "refiner_head", None)
+    if refiner is not None:
+        # speculators 0.9.0's from_pretrained builds the model on the meta device and leaves
+        # XPress's non-persistent causal_tril buffer uninitialised (garbage, seen as logits of
+        # 1e22); its __init__ sets it to tril(ones): restored here, as that __init__ would.
+        refiner.causal_tril.copy_(torch.tril(torch.ones_like(refiner.causal_tril)))
     return model.eval()
 
 
@@ -89,13 +96,15 @@ def dflash_vs_speculators(speculator, out: Path, target) -> tuple[float, float]:
     bs, first = speculator.config.block_size, speculator.first_slot
     caught, bias = [], []
     hook = model.lm_head.register_forward_hook(lambda module, args, logits: caught.append(logits[0]))
-    markov = getattr(model, "markov_head", None)
-    if markov is not None:  # dspark adds its Markov bias after lm_head: catch it too
-        block_bias = markov.block_bias
-        markov.block_bias = lambda **kw: bias.append(block_bias(**kw)) or bias[-1]
+    head = getattr(model, "markov_head", None) or getattr(model, "refiner_head", None)
+    if head is not None:  # dspark's Markov bias, xpress's refiner: added after lm_head, caught too
+        block_bias = head.block_bias
+        head.block_bias = lambda *args, **kw: bias.append(block_bias(*args, **kw)) or bias[-1]
+    # xpress: its teacher-forced refine pass alone (consistency rounds off), the logits inference settles to
+    extra = {"consistency_weight": 0.0} if speculator.family == "xpress" else {}
     model(hidden_states=feats.layers.flatten(-2), input_ids=feats.input_ids,
           loss_mask=torch.ones(1, T, dtype=torch.long), verifier_last_hidden_states=feats.hidden,
-          document_ids=torch.zeros(1, T, dtype=torch.long), max_anchors=T - bs)
+          document_ids=torch.zeros(1, T, dtype=torch.long), max_anchors=T - bs, **extra)
     hook.remove()
     got = caught[0].view(T - bs, bs, -1) + (bias[0] if bias else 0)  # [anchors, slots, N]
     got = got[1:, first:]  # anchor 0 has no speclab row; dflash's slot 0 drafts nothing
@@ -149,11 +158,12 @@ def draft_lm_vs_transformers(speculator, out: Path, target) -> tuple[float, floa
     return _figures(model(feats.input_ids).logits[0], speculator.draft_logits(feats)[0, 0])
 
 
-COMPARE = {"eagle3": eagle3_vs_speculators, "dflash": dflash_vs_speculators, "dspark": dflash_vs_speculators, "mlp": mlp_vs_vllm_oracle, "medusa": medusa_vs_vllm_oracle,
+COMPARE = {"eagle3": eagle3_vs_speculators, "dflash": dflash_vs_speculators, "dspark": dflash_vs_speculators, "xpress": dflash_vs_speculators, "mlp": mlp_vs_vllm_oracle, "medusa": medusa_vs_vllm_oracle,
            "draft_lm": draft_lm_vs_transformers}
 CLIENT = {"eagle3": "speculators 0.9.0 `SpeculatorModel.from_pretrained`",
           "dflash": "speculators 0.9.0 `SpeculatorModel.from_pretrained`",
           "dspark": "speculators 0.9.0 `SpeculatorModel.from_pretrained`",
+          "xpress": "speculators 0.9.0 `SpeculatorModel.from_pretrained`",
           "mlp": "vLLM `MLPSpeculator` oracle (rebuilt from vLLM's source)",
           "medusa": "vLLM `Medusa` oracle (rebuilt from vLLM's source)",
           "draft_lm": "transformers `AutoModelForCausalLM.from_pretrained`"}

@@ -80,7 +80,20 @@ def test_dspark_loads_in_speculators_and_computes_speclabs_blocks(tmp_path, targ
     assert diff < ATOL and agree == 1.0
 
 
-@pytest.mark.parametrize("family", ["dflash", "dspark"])
+@pytest.mark.parametrize("draft_vocab_size", [0, 100])
+def test_xpress_loads_in_speculators_and_computes_speclabs_refined_blocks(tmp_path, target, draft_vocab_size):
+    def mixed(speculator):  # a mix that is not zero (its initial value), so the causal mixing is compared too
+        speculator.refiner_head.mix_l.data.normal_(std=0.3)
+
+    spec = dict(SPECS["xpress"], draft_vocab_size=draft_vocab_size)
+    speculator, out = exported(tmp_path, target, "xpress", spec=spec, prepare=mixed)
+    config = json.loads((out / "config.json").read_text())
+    assert config["speculators_model_type"] == "xpress" and config["xpress_rank"] == 6
+    diff, agree = dflash_vs_speculators(speculator, out, target)
+    assert diff < ATOL and agree == 1.0
+
+
+@pytest.mark.parametrize("family", ["dflash", "dspark", "xpress"])
 @pytest.mark.parametrize("draft_vocab_size", [0, 100])
 def test_a_block_drafter_saved_by_speculators_loads_into_speclab_with_its_logits(tmp_path, target, draft_vocab_size,
                                                                                  family):
@@ -92,7 +105,7 @@ def test_a_block_drafter_saved_by_speculators_loads_into_speclab_with_its_logits
     torch.manual_seed(7)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.startswith(("layers.", "fc.", "hidden_norm.", "norm.", "markov_head.")):
+            if name.startswith(("layers.", "fc.", "hidden_norm.", "norm.", "markov_head.", "refiner_head.")):
                 p.copy_(torch.randn_like(p) * (0.2 if p.ndim > 1 else 1.0))
     saved = tmp_path / "saved-by-speculators"
     model.save_pretrained(str(saved))

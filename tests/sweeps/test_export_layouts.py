@@ -32,6 +32,8 @@ SPECS = {
                "draft_vocab_size": 100},
     "dspark": {"block_size": 3, "num_heads": 4, "num_kv_heads": 2, "head_dim": 8, "intermediate_size": 48,
                "markov_rank": 6, "draft_vocab_size": 100},
+    "xpress": {"block_size": 4, "num_heads": 4, "num_kv_heads": 2, "head_dim": 8, "intermediate_size": 48,
+               "xpress_rank": 6, "draft_vocab_size": 100},
 }
 
 
@@ -40,12 +42,15 @@ def target():
     return tiny_llama(seed=0, num_layers=4)
 
 
-def exported(tmp_path, target, family, spec=None, target_config=TARGET_CONFIG, **figures):
-    """(the speculator, its export): a fake best run around a real saved checkpoint."""
+def exported(tmp_path, target, family, spec=None, target_config=TARGET_CONFIG, prepare=None, **figures):
+    """(the speculator, its export): a fake best run around a real saved checkpoint; `prepare`
+    (the speculator) sets weights before it is saved."""
     torch.manual_seed(0)
     # token frequencies in a shuffled order, so the drafted ids are not simply 0..N-1 (d2t is not all zeros)
     counts = torch.randperm(target.vocab_size, generator=torch.Generator().manual_seed(1)).float()
     speculator = build_speculator(family, spec or SPECS[family], TargetInfo.of(target).with_counts(counts))
+    if prepare is not None:
+        prepare(speculator)
     runs = tmp_path / "runs"
     speculator.save(runs / "run" / "checkpoints" / "speculator", extra={"target_config": target_config})
     make_run(runs, "run", family=family, params=speculator.num_params(), checkpoint="checkpoints/speculator",
