@@ -34,6 +34,12 @@ CASES = [  # (family, label, spec)
     ("medusa", "medusa, 2 heads, shared output, full vocab",
      dict(SPECS["medusa"], output="shared", draft_vocab_size=0)),
     ("draft_lm", "draft_lm, full vocab", SPECS["draft_lm"]),
+    ("dflash", "dflash, block 4, draft vocab 100 of 384", SPECS["dflash"]),
+    ("dflash", "dflash, block 4, 2 layers, full vocab", dict(SPECS["dflash"], num_layers=2, draft_vocab_size=0)),
+    ("dspark", "dspark, block 3, vanilla Markov head, draft vocab 100 of 384", SPECS["dspark"]),
+    ("dspark", "dspark, block 3, gated Markov head, full vocab",
+     dict(SPECS["dspark"], markov_head="gated", draft_vocab_size=0)),
+    ("xpress", "xpress, block 4, refiner rank 6, draft vocab 100 of 384", SPECS["xpress"]),
 ]
 
 
