@@ -19,12 +19,13 @@ from .lstm import LSTMSpeculator
 from .medusa import MedusaSpeculator
 from .mlp import MLPSpeculator
 from .ngram import NgramSpeculator
+from .peagle import PEagleSpeculator
 from .renamed import check_renamed
 from .suffix import SuffixSpeculator
 
 DRAFTERS: dict[str, type[Speculator]] = {cls.family: cls for cls in (
     DraftLM, EagleSpeculator, Eagle3Speculator, HydraSpeculator, LSTMSpeculator,
-    MedusaSpeculator, MLPSpeculator, NgramSpeculator, SuffixSpeculator,
+    MedusaSpeculator, MLPSpeculator, NgramSpeculator, PEagleSpeculator, SuffixSpeculator,
 )}
 
 
