@@ -7,7 +7,10 @@ speclab measured (docs/serving.md is the table):
   `speculators_version`, `architectures`, `speculators_config` with the proposal method it
   was scored with and the verifier, `transformer_layer_config`, `draft_vocab_size`,
   `target_hidden_size`, `eagle_aux_hidden_state_layer_ids`) and model.safetensors with the
-  names of speculators' `Eagle3DraftModel` (eagle3.py uses them; `vocab.ids` becomes `d2t`/`t2d`).
+  names of speculators' `Eagle3DraftModel` (eagle3.py uses them; `vocab.ids` becomes `d2t`/`t2d`),
+  `norm_output` for EAGLE-3.1.
+- `peagle` -> the same format as speculators' `PEagleDraftModel` (`speculators_model_type: peagle`,
+  `mask_token_id`, the `mask_hidden` tensor beside eagle3's).
 - `mlp` -> the `mlp_speculator` layout of fms-extras / vLLM's `MLPSpeculator`, speclab's norm
   and draft vocabulary folded into the weights so vLLM's maths computes speclab's (export_mlp.py).
 - `draft_lm` -> a plain `LlamaForCausalLM` over the full vocabulary (transformers' assisted
@@ -41,6 +44,7 @@ from speclab.speculator.families import build_speculator, load_speculator, specu
 from .checkpoint_meta import SPECLAB_META, checkpoint_meta
 from .engine_layouts import FOREIGN, VOCAB_IDS, ExportContext, refusals
 from .export_mlp import from_vllm
+from .speculators_import import from_speculators, is_speculators_dir
 
 __all__ = ["ExportContext", "SPECLAB_META", "checkpoint_meta", "layout_of", "load_checkpoint", "write_layout"]
 
@@ -49,8 +53,8 @@ log = logging.getLogger(__name__)
 
 
 def layout_of(family: str) -> str:
-    return {"eagle3": "speculators_eagle3", "mlp": "mlp_speculator", "draft_lm": "hf_llama",
-            "medusa": "vllm_medusa"}.get(family, "speclab")
+    return {"eagle3": "speculators_eagle3", "peagle": "speculators_peagle", "mlp": "mlp_speculator",
+            "draft_lm": "hf_llama", "medusa": "vllm_medusa"}.get(family, "speclab")
 
 
 def write_layout(out: Path, speculator: Speculator, ctx: ExportContext) -> tuple[str, list[str]]:
@@ -78,9 +82,14 @@ def write_layout(out: Path, speculator: Speculator, ctx: ExportContext) -> tuple
 
 
 def load_checkpoint(path: str | Path, target: TargetInfo | None = None) -> Speculator:
-    """A speculator from a speclab checkpoint or from any export layout above."""
+    """A speculator from a speclab checkpoint, from any export layout above, or from a checkpoint
+    speculators itself saved (eagle3, peagle; speculators_import.py: the live target is needed)."""
     path = Path(path)
     if not (path / SPECLAB_META).is_file():
+        if is_speculators_dir(path):
+            if target is None:
+                raise ValueError(f"{path} is a speculators checkpoint: pass the live target to load it")
+            return from_speculators(path, target)
         return load_speculator(path, target)
     meta = checkpoint_meta(path)
     saved = TargetInfo(**meta["target"])
