@@ -83,8 +83,7 @@ def _params(config: dict, kind: str, target: TargetInfo) -> dict:
                   embedding="trained" if config.get("embed_requires_grad", kind == "peagle") else "frozen")
     if kind == "eagle3":
         return dict(params, norm_output=bool(config.get("norm_output", False)))
-    if config.get("norm_output"):
-        raise ValueError("speculators checkpoint asks for norm_output, which P-EAGLE (nothing fed back) never reads")
+    # norm_output is ignored, as speculators' PEagleDraftModel ignores it: nothing is fed back
     proposals = (config.get("speculators_config") or {}).get("proposal_methods") or [{}]
     return dict(params, block_size=int(proposals[0].get("speculative_tokens", 8)),
                 mask_token_id=int(config.get("mask_token_id") if config.get("mask_token_id") is not None else -1))

@@ -127,6 +127,17 @@ def test_a_model_speculators_saved_loads_into_speclab_with_its_logits(tmp_path, 
     assert diff < ATOL and agree == 1.0
 
 
+def test_a_speculators_checkpoint_asking_for_other_maths_is_refused_naming_it(tmp_path, target):
+    target.model.save_pretrained(tmp_path / "verifier")
+    _speculators_model("eagle3", target, 0, str(tmp_path / "verifier")).save_pretrained(tmp_path / "saved")
+    config = json.loads((tmp_path / "saved" / "config.json").read_text())
+    (tmp_path / "saved" / "config.json").write_text(json.dumps(dict(config, fc_norm=True)))
+    with pytest.raises(ValueError, match="do not compute: fc_norm=True"):
+        load_checkpoint(tmp_path / "saved", TargetInfo.of(target))
+    with pytest.raises(ValueError, match="pass the live target"):
+        load_checkpoint(tmp_path / "saved")
+
+
 def test_a_narrower_eagle3_is_shaped_for_vllm_but_speculators_cannot_load_it(tmp_path, target):
     """vLLM sizes fc from target_hidden_size ([D, 3H]); speculators 0.9.0 builds it [D, 3D] and checks
     the verifier's width against the draft's. docs/serving.md says so; this test notices a change."""
