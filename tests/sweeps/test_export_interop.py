@@ -63,7 +63,9 @@ def test_eagle3_loads_in_speculators_and_computes_speclabs_draft(tmp_path, targe
 @pytest.mark.parametrize("embedding", ["trained", "frozen"])
 @pytest.mark.parametrize("draft_vocab_size", [0, 100])
 def test_peagle_loads_in_speculators_and_computes_speclabs_block(tmp_path, target, draft_vocab_size, embedding):
-    """At every block position (depths 0..3) of every anchor."""
+    """At every block position (depths 0..3) of every anchor. Replaced for the check (interop.py
+    says why neither changes the maths): flex attention by speculators' own dense ("eager") path
+    over the same mask function, and its random choice of (anchor, depth) rows by all of them."""
     spec = dict(SPECS["peagle"], hidden_size=target.hidden_size, draft_vocab_size=draft_vocab_size, embedding=embedding)
     speculator, out = exported(tmp_path, target, "peagle", spec=spec)
     model = load_in_speculators(out)
