@@ -40,7 +40,7 @@ SOURCES: dict[tuple[str, str], tuple[str, str]] = {
     **{(FAMILIES, family): (f"speclab.speculator.{family}", cls) for family, cls in {
         "dflash": "DFlashConfig", "dspark": "DSparkConfig", "draft_lm": "DraftLMConfig", "eagle": "EagleConfig", "eagle3": "Eagle3Config", "hybrid": "HybridConfig",
         "hydra": "HydraConfig", "lstm": "LSTMConfig", "medusa": "MedusaConfig", "mlp": "MLPConfig",
-        "ngram": "NgramConfig", "suffix": "SuffixConfig", "xpress": "XPressConfig"}.items()},
+        "ngram": "NgramConfig", "peagle": "PEagleConfig", "suffix": "SuffixConfig", "xpress": "XPressConfig"}.items()},
     ("schema/training", "watchdog"): ("speclab.training.watchdog", "WatchdogConfig"),
     ("schema/training", "supervisor"): ("speclab.training.supervisor", "SupervisorConfig"),
     ("schema/eval", "method"): ("speclab.eval.method", "MethodConfig"),

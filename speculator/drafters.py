@@ -21,13 +21,14 @@ from .lstm import LSTMSpeculator
 from .medusa import MedusaSpeculator
 from .mlp import MLPSpeculator
 from .ngram import NgramSpeculator
+from .peagle import PEagleSpeculator
 from .renamed import check_renamed
 from .suffix import SuffixSpeculator
 from .xpress import XPressSpeculator
 
 DRAFTERS: dict[str, type[Speculator]] = {cls.family: cls for cls in (
     DFlashSpeculator, DSparkSpeculator, DraftLM, EagleSpeculator, Eagle3Speculator, HydraSpeculator, LSTMSpeculator,
-    MedusaSpeculator, MLPSpeculator, NgramSpeculator, SuffixSpeculator, XPressSpeculator,
+    MedusaSpeculator, MLPSpeculator, NgramSpeculator, PEagleSpeculator, SuffixSpeculator, XPressSpeculator,
 )}
 
 

@@ -5,6 +5,12 @@ trained with training-time test (TTT).
     o_j = Layers([E x_{j+1}; c_j])                c_j = g_j (committed) or o_{j-1} (drafted)
     logits = lm_head(norm(o_j))                   over the draft vocabulary
 
+EAGLE-3.1 (`norm_output`, speculators' name for it) carries c_j = norm(o_{j-1}) instead: the
+raw output of a residual stack grows in magnitude with every step it is fed back, while the
+committed features it stands in for are the target's, so deeper drafts read inputs of a scale
+the first never saw. The normed output is what the head reads already, so the carried
+feature and the head's input become one tensor.
+
 The first layer reads [embedding; carried] (2D wide, `FusedInputLayer`), later ones are
 plain Llama layers. Training unrolls `ttt_steps` in which the draft consumes its own
 previous outputs (feature_ar.py). The embedding starts as the target's (EAGLE-3 freezes it).
@@ -18,7 +24,7 @@ Parameter names follow vLLM speculators' `Eagle3Speculator`, so export is a rena
     norm.weight                             -> norm.weight
     lm_head.weight                          -> lm_head.weight       [N, D]
     vocab.ids [N] (target ids, ascending)   -> d2t = vocab.d2t() [N], t2d = vocab.t2d() [V] (buffers)
-Its config: transformer_layer_config = a LlamaConfig(hidden_size=D, num_attention_heads,
+Its config: norm_output = `norm_output`; transformer_layer_config = a LlamaConfig(hidden_size=D, num_attention_heads,
 num_key_value_heads, intermediate_size, rope_theta, rms_norm_eps=1e-6, vocab_size=V),
 draft_vocab_size = N, target_hidden_size = H, norm_before_residual = False; the target
 layer ids for vLLM's eagle_aux_hidden_state_layer_ids are `target_layer_ids`.
@@ -73,6 +79,9 @@ class Eagle3Config:
     draft_vocab_size: int = 8192
     """Draft only the N most frequent assistant tokens of the training data (0: all; 8192 of
     SmolLM2's 49,152 keeps its output layer a sixth of the full one, docs/design.md)."""
+    norm_output: bool = False
+    """EAGLE-3.1: feed the final norm's output, not the raw layer output, to the next drafted
+    step (against magnitude drift across speculation depths); speculators' option of that name."""
 
 
 class Eagle3Speculator(FeatureAutoregressive):
@@ -99,7 +108,7 @@ class Eagle3Speculator(FeatureAutoregressive):
         ids = tuple(config.target_layers) or default_layer_ids(num_layers)
         bad = [i for i in ids if not 0 <= i <= num_layers]
         if bad:
-            raise ValueError(f"eagle3 target_layers {bad} outside 0..{num_layers} (0 = embeddings)")
+            raise ValueError(f"{cls.family} target_layers {bad} outside 0..{num_layers} (0 = embeddings)")
         return ids
 
     @property
@@ -115,7 +124,8 @@ class Eagle3Speculator(FeatureAutoregressive):
         return self.fc(features)
 
     def carry(self, out):
-        return out
+        # Computed eagerly by feature_ar.py on both paths, so the native steps draft 3.1 as well.
+        return self.norm(out) if self.config.norm_output else out
 
     def step_input(self, carried, tokens):
         return torch.cat([self.embed_tokens(tokens), carried], -1)

@@ -26,6 +26,7 @@ KNOWN_VERIFIERS = {
 }
 VERIFIER_DIR = "verifier"
 VLLM_EAGLE3_AUX_LAYERS = 3  # vLLM's EAGLE-3 fc reads exactly 3 x target_hidden_size
+SPECULATORS_ARCHITECTURES = {"eagle3": "Eagle3Speculator", "peagle": "PEagleSpeculator"}
 
 
 @dataclasses.dataclass
@@ -44,7 +45,7 @@ class ExportContext:
 
 def refusals(speculator: Speculator, layout: str) -> list[str]:
     """Why the engine behind `layout` could not run this speculator as speclab measured it."""
-    if layout == "speculators_eagle3":
+    if layout in ("speculators_eagle3", "speculators_peagle"):  # P-EAGLE reads the target as EAGLE-3 does
         L, ids = speculator.target_info.num_layers, list(speculator.target_layer_ids)
         out = []
         if len(set(ids)) != VLLM_EAGLE3_AUX_LAYERS:
@@ -135,16 +136,35 @@ def hf_llama(speculator: Speculator, ctx: ExportContext, out: Path) -> tuple[dic
 
 
 def speculators_eagle3(speculator: Speculator, ctx: ExportContext, out: Path) -> tuple[dict, dict, dict]:
+    return _speculators_format(speculator, ctx, out, "eagle3", {
+        "norm_output": speculator.config.norm_output,  # EAGLE-3.1: the carried feature is the final norm's output
+        "embed_requires_grad": speculator.config.embedding == "trained",
+    })
+
+
+def speculators_peagle(speculator: Speculator, ctx: ExportContext, out: Path) -> tuple[dict, dict, dict]:
+    """P-EAGLE: eagle3's format plus `mask_token_id` and the `mask_hidden` tensor; it proposes a block
+    of `block_size` (speculators names the depths its `speculative_tokens`)."""
+    return _speculators_format(speculator, ctx, out, "peagle", {
+        "norm_output": False,  # P-EAGLE feeds nothing back: no drafted position reads another's output
+        "mask_token_id": speculator.mask_token_id,
+        "embed_requires_grad": speculator.config.embedding == "trained",
+    }, speculative_tokens=speculator.config.block_size)
+
+
+def _speculators_format(speculator: Speculator, ctx: ExportContext, out: Path, kind: str, extra: dict,
+                        speculative_tokens: int | None = None) -> tuple[dict, dict, dict]:
     c, target = speculator.config, speculator.target_info
     verifier_name, verifier_arch = verifier_of(ctx, target.name, out)
-    # eagle3.py already uses speculators' names; d2t/t2d only for a reduced vocabulary, as speculators saves them
+    # eagle3.py / peagle.py already use speculators' names; d2t/t2d only for a reduced vocabulary, as speculators saves them
     tensors, weight_map = renamed_tensors(speculator, lambda name: name)
     config = {
-        "speculators_model_type": "eagle3",
+        "speculators_model_type": kind,
         "speculators_version": SPECULATORS_VERSION,
-        "architectures": ["Eagle3Speculator"],
+        "architectures": [SPECULATORS_ARCHITECTURES[kind]],
         "draft_vocab_size": speculator.vocab.size,
         "norm_before_residual": False,
+        **extra,
         # vLLM sizes fc as 3 x target_hidden_size, so a draft narrower or wider than its target serves
         "target_hidden_size": target.hidden_size,
         # ids into the target's pre-norm residual stream (0: embeddings), as vLLM hands them (refusals)
@@ -167,10 +187,10 @@ def speculators_eagle3(speculator: Speculator, ctx: ExportContext, out: Path) ->
             "tie_word_embeddings": False,
         },
         "speculators_config": {
-            "algorithm": "eagle3",
+            "algorithm": kind,
             # speculators defines only the greedy chain proposal: a tree-scored run records its
             # tree in speclab.json and proposes chains of the tree's depth here
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": ctx.k,
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": speculative_tokens or ctx.k,
                                   "verifier_accept_k": 1, "accept_tolerance": 0.0}],
             "default_proposal_method": "greedy",
             "verifier": {"name_or_path": verifier_name, "architectures": [verifier_arch] if verifier_arch else []},
@@ -265,6 +285,7 @@ def vllm_medusa(speculator: Speculator, ctx: ExportContext, out: Path) -> tuple[
 
 
 FOREIGN: dict[str, Callable] = {"mlp_speculator": mlp_speculator, "speculators_eagle3": speculators_eagle3,
+                                "speculators_peagle": speculators_peagle,
                                 "speculators_dflash": speculators_dflash, "speculators_dspark": speculators_dflash,
                                 "speculators_xpress": speculators_dflash,
                                 "hf_llama": hf_llama, "vllm_medusa": vllm_medusa}

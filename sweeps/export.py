@@ -160,6 +160,10 @@ LAYOUT_FILES = {
                           "(`speculators_model_type: eagle3`, `Eagle3DraftModel` tensor names, `d2t`/`t2d`); vLLM "
                           "serves it (`vllm serve DIR`), speculators' `SpeculatorModel.from_pretrained` loads it "
                           "when the draft is as wide as the target; `speclab.json` maps it back",
+    "speculators_peagle": "`model.safetensors` + `config.json` in vLLM's speculators format "
+                          "(`speculators_model_type: peagle`, `PEagleDraftModel` tensor names with `mask_hidden`, "
+                          "`mask_token_id`, `d2t`/`t2d`); speculators' `SpeculatorModel.from_pretrained` loads it when "
+                          "the draft is as wide as the target; `speclab.json` maps it back",
     "vllm_medusa": "`model.safetensors` + `config.json` of vLLM's `MedusaModel` (`blocks.i.layers.j`, "
                    "`lm_heads.i`, `token_map` for a reduced vocabulary); serve with `--speculative-config "
                    "'{\"method\": \"medusa\", \"model\": DIR, \"num_speculative_tokens\": K}'`; "

@@ -7,7 +7,10 @@ speclab measured (docs/serving.md is the table):
   `speculators_version`, `architectures`, `speculators_config` with the proposal method it
   was scored with and the verifier, `transformer_layer_config`, `draft_vocab_size`,
   `target_hidden_size`, `eagle_aux_hidden_state_layer_ids`) and model.safetensors with the
-  names of speculators' `Eagle3DraftModel` (eagle3.py uses them; `vocab.ids` becomes `d2t`/`t2d`).
+  names of speculators' `Eagle3DraftModel` (eagle3.py uses them; `vocab.ids` becomes `d2t`/`t2d`),
+  `norm_output` for EAGLE-3.1.
+- `peagle` -> the same format as speculators' `PEagleDraftModel` (`speculators_model_type: peagle`,
+  `mask_token_id`, the `mask_hidden` tensor beside eagle3's).
 - `mlp` -> the `mlp_speculator` layout of fms-extras / vLLM's `MLPSpeculator`, speclab's norm
   and draft vocabulary folded into the weights so vLLM's maths computes speclab's (export_mlp.py).
 - `draft_lm` -> a plain `LlamaForCausalLM` over the full vocabulary (transformers' assisted
@@ -50,8 +53,9 @@ log = logging.getLogger(__name__)
 
 
 def layout_of(family: str) -> str:
-    return {"eagle3": "speculators_eagle3", "dflash": "speculators_dflash", "dspark": "speculators_dspark", "xpress": "speculators_xpress", "mlp": "mlp_speculator", "draft_lm": "hf_llama",
-            "medusa": "vllm_medusa"}.get(family, "speclab")
+    return {"eagle3": "speculators_eagle3", "peagle": "speculators_peagle", "dflash": "speculators_dflash",
+            "dspark": "speculators_dspark", "xpress": "speculators_xpress", "mlp": "mlp_speculator",
+            "draft_lm": "hf_llama", "medusa": "vllm_medusa"}.get(family, "speclab")
 
 
 def write_layout(out: Path, speculator: Speculator, ctx: ExportContext) -> tuple[str, list[str]]:
@@ -80,7 +84,7 @@ def write_layout(out: Path, speculator: Speculator, ctx: ExportContext) -> tuple
 
 def load_checkpoint(path: str | Path, target: TargetInfo | None = None) -> Speculator:
     """A speculator from a speclab checkpoint, from any export layout above, or from a checkpoint
-    speculators saved (speculators_import.py)."""
+    speculators saved (eagle3, peagle, dflash, dspark, xpress: speculators_import.py)."""
     path = Path(path)
     if not (path / SPECLAB_META).is_file():
         if is_speculators_checkpoint(path):  # trained by speculators itself, not exported by speclab

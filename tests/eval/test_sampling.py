@@ -69,6 +69,8 @@ def test_engine_verifies_warped_logits_against_one_hot_drafts(target, prompt, ml
 @pytest.mark.parametrize("family, params", [
     ("mlp", {"n_predict": 3, "inner_dim": 32, "draft_vocab_size": 64}),
     ("draft_lm", {"num_layers": 1, "hidden_size": 32, "num_heads": 2, "intermediate_size": 64}),
+    ("peagle", {"hidden_size": 32, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 64, "block_size": 4,
+                "draft_vocab_size": 64}),
 ])
 def test_sampled_drafts_are_seeded_and_lossless_on_a_point_mass_target(target, prompt, family, params):
     # drafts="sample" draws each draft from the draft's warped distribution (q is that

@@ -99,6 +99,9 @@ def test_tree_beats_chain_at_equal_verified_tokens(target, prompt):
     ("mlp", {"n_predict": 3, "inner_dim": 32}),
     ("draft_lm", {"num_layers": 1, "hidden_size": 32, "num_heads": 2, "intermediate_size": 64}),
     ("mlp", {"n_predict": 3, "inner_dim": 32, "draft_vocab_size": 64}),
+    # one block per step: every node of a depth shares its distribution (peagle.py `extend`)
+    ("peagle", {"hidden_size": 32, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 64, "block_size": 4,
+                "draft_vocab_size": 64}),
 ])
 def test_real_families_tree_greedy_equals_plain(target, prompt, plain, family, params, cfg):
     speculator = build_speculator(family, params, TargetInfo.of(target)).eval()

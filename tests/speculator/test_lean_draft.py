@@ -1,6 +1,7 @@
-"""The feature-autoregressive drafts' native steps (speculator/lean_draft.py) compute what the
-eager layers compute: drafts, logits, the state after an acceptance, tree steps read from the
-native cache, past the cache's first capacity; and they engage only where they apply."""
+"""The feature-autoregressive drafts' native steps (speculator/lean_draft.py; peagle's one-pass
+blocks too) compute what the eager layers compute: drafts, logits, the state after an
+acceptance, tree steps read from the native cache, past the cache's first capacity; and they
+engage only where they apply."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from test_families import SMALL, random_layers, target_info
 
 pytestmark = pytest.mark.skipif(native.load() is None, reason="no C compiler")
 
-FAMILIES = [(family, size) for family in ("eagle", "eagle3") for size in (0, 1)]
+FAMILIES = [(family, size) for family in ("eagle", "eagle3", "peagle") for size in (0, 1)]
 # fp32: the native GEMM and attention sum in another order than torch: a few ulps of the logits.
 FP32 = dict(rtol=1e-5, atol=1e-5)
 

@@ -1,4 +1,4 @@
-"""The speculator zoo (medusa, hydra, eagle, eagle3, lstm): tree drafting agrees with chain
+"""The speculator zoo (medusa, hydra, eagle, eagle3, peagle, lstm, dflash, dspark, xpress): tree drafting agrees with chain
 drafting, training reads no future, sizes are knobs, checkpoints hold only the draft's own
 weights, and greedy speculative decoding is lossless on a real target."""
 
@@ -13,8 +13,10 @@ from speclab.speculator.eagle3 import default_layer_ids
 
 from test_families import SMALL, TOL, TRAINING_FREE, random_layers, target_info
 
-ZOO = [f for f in ("medusa", "hydra", "eagle", "eagle3", "lstm", "dflash", "dspark", "xpress") if f in SMALL]
-BLOCK = {"dflash", "dspark", "xpress"}  # block drafters: every step of a block reads the pending token alone
+ZOO = [f for f in ("medusa", "hydra", "eagle", "eagle3", "peagle", "lstm", "dflash", "dspark", "xpress") if f in SMALL]
+# Their later block positions read no token past the pending one x_{t+1} (mask rows); dspark and
+# xpress do read x_{t+1+p}, through their heads on the previous token.
+MASK_ROWS = {"peagle", "dflash"}
 
 
 def started(spec, info, T0=6, seed=3):
@@ -48,7 +50,8 @@ def test_extend_equals_propose_and_leaves_the_state_alone(family, size):
 
 @pytest.mark.parametrize("family", ZOO)
 def test_training_forward_reads_no_future(family):
-    """State (p, t) may read tokens up to x_{t+1+p} and target features up to t, nothing later."""
+    """State (p, t) may read tokens up to x_{t+1+p} and target features up to t, nothing later
+    (peagle's and dflash's parallel positions read no token past x_{t+1}: their check moves that one)."""
     info = target_info()
     spec = build_speculator(family, SMALL[family][1], info).eval()
     torch.manual_seed(4)
@@ -69,9 +72,10 @@ def test_training_forward_reads_no_future(family):
             torch.testing.assert_close(after[:, p, : t + 1], before[:, p, : t + 1], **TOL)
             # ...and it does read the token it is given (else the check above proves nothing)
             ids3 = ids.clone()
-            ids3[:, t + 1 + p] = (ids3[:, t + 1 + p] + 1) % info.vocab_size
+            read = t + 1 + (0 if family in MASK_ROWS else p)
+            ids3[:, read] = (ids3[:, read] + 1) % info.vocab_size
             moved = spec.draft_states(Features(ids3, hidden, mask, layers))
-            if family != "medusa" and not (family in BLOCK and p > 0):  # medusa's heads read only the target's feature
+            if family != "medusa":  # medusa's heads read only the target's feature
                 assert not torch.allclose(moved[:, p, t], before[:, p, t])
 
 
@@ -86,6 +90,7 @@ def test_size_knobs_change_the_parameter_count(family):
 def bigger(family: str) -> dict:
     return {"medusa": dict(num_blocks=3), "hydra": dict(hidden_size=32, num_blocks=2),
             "eagle": dict(num_layers=2), "eagle3": dict(num_layers=2, intermediate_size=64),
+            "peagle": dict(num_layers=2, intermediate_size=64),
             "lstm": dict(inner_dim=32), "dflash": dict(num_layers=2), "dspark": dict(markov_rank=9), "xpress": dict(xpress_rank=9)}[family]
 
 
@@ -145,6 +150,81 @@ def test_eagle3_parameter_names_follow_speculators_layout():
     assert not frozen.embed_tokens.weight.requires_grad  # EAGLE-3 keeps the target's embedding
 
 
+def test_eagle3_1_carries_the_normed_output_to_the_next_depth():
+    """norm_output (EAGLE-3.1): the first draft is EAGLE-3's; later ones read norm(o), not o."""
+    info = target_info()
+    base = build_speculator("eagle3", SMALL["eagle3"][0], info).eval()
+    v31 = build_speculator("eagle3", dict(SMALL["eagle3"][0], norm_output=True), info).eval()
+    v31.load_state_dict(base.state_dict())
+    with torch.no_grad():
+        for module in (base, v31):
+            module.norm.weight.uniform_(0.5, 1.5, generator=torch.Generator().manual_seed(0))
+    out = torch.randn(1, 1, SMALL["eagle3"][0]["hidden_size"])
+    torch.testing.assert_close(v31.carry(out), base.norm(out), rtol=0, atol=0)
+    (_, a), (_, b) = (spec.propose(*started(spec, info), 3) for spec in (base, v31))
+    torch.testing.assert_close(a[:, 0], b[:, 0], rtol=0, atol=0)
+    assert not torch.allclose(a[:, 1:], b[:, 1:])
+
+
+def test_peagle_drafts_a_block_in_one_pass_from_mask_rows():
+    """The layers run once per propose; the parallel positions read the mask token and the
+    learned mask feature (changing either moves the deeper drafts, never the first)."""
+    info = target_info()
+    spec = build_speculator("peagle", SMALL["peagle"][0], info).eval()
+    state, pending = started(spec, info)
+    calls = []
+    hook = spec.layers[0].register_forward_hook(lambda *args: calls.append(1))
+    _, logits = spec.propose(state, pending, 4)
+    hook.remove()
+    assert calls == [1] and logits.shape[1] == 4
+    with torch.no_grad():
+        spec.mask_hidden.add_(1.0)
+    _, moved = spec.propose(state, pending, 4)
+    torch.testing.assert_close(moved[:, 0], logits[:, 0], rtol=0, atol=0)
+    assert not torch.allclose(moved[:, 1:], logits[:, 1:])
+    assert spec.propose(state, pending, 9)[0].shape == (1, 4) and spec.max_draft_len() == 4  # a block at most
+    with pytest.raises(ValueError, match="blocks of 4"):
+        spec.extend(state, pending, torch.zeros(2, 4, dtype=torch.long))
+
+
+def test_peagle_conditional_drop_token_sampling():
+    """Depth d keeps about max(r^d, r_min) of the anchors, each among those kept at d - 1 whose
+    depth-d target is trainable; max_anchors caps them; the loss trains each kept row once."""
+    info = target_info()
+    spec = build_speculator("peagle", dict(SMALL["peagle"][0], block_size=6, down_sample_ratio=0.5,
+                                           down_sample_ratio_min=0.2), info)
+    T = 40
+    trainable = torch.ones(T, dtype=torch.bool)
+    trainable[:10] = False  # a prompt
+    torch.manual_seed(0)
+    kept = spec.sample_chains(trainable, T)
+    seeds = int(trainable[2:].sum())  # depth 1 at anchor a guesses the target at a + 2
+    assert [len(a) for a in kept] == [int(seeds * max(0.5 ** d, 0.2)) for d in range(1, 6)]
+    for d, anchors in enumerate(kept, start=1):
+        assert bool(trainable[anchors + 1 + d].all()) and bool((anchors + 1 + d < T).all())
+        if d > 1:
+            assert set(anchors.tolist()) <= set(kept[d - 2].tolist())
+    capped = build_speculator("peagle", dict(SMALL["peagle"][0], block_size=6, max_anchors=5), info)
+    assert len(capped.sample_chains(trainable, T)[0]) == int(5 * 0.7)
+    # The sampled rows compute what the unsampled forward computes at the same (depth, anchor).
+    B = 1
+    feats = Features(torch.randint(0, info.vocab_size, (B, T)), torch.randn(B, T, info.hidden_size),
+                     trainable[None], torch.randn(B, T, len(spec.target_layer_ids), info.hidden_size))
+    with torch.no_grad():
+        full = spec.draft_states(feats)  # [1, P, T, D]
+        _, base = spec._depth0(feats)
+        torch.manual_seed(1)
+        rows = spec._chains([(k[:1], v[:1]) for k, v in base], trainable, T)
+    assert sorted(rows) == list(range(1, 6))
+    for d, (out, at) in rows.items():
+        torch.testing.assert_close(spec.head_states(out), full[0, d, at - 1 - d], **TOL)
+    torch.manual_seed(1)
+    head = info.lm_head_weight
+    loss, metrics = spec.loss(feats, lambda a, b: (a - a.detach()).sum(-1) + 1,
+                             lambda h, cols: h @ (head if cols is None else head[cols]).T)
+    assert loss.item() == pytest.approx(1.0) and {f"acc_pos{d}" for d in range(6)} <= set(metrics)
+
+
 def test_eagle3_default_target_layers_are_low_mid_high():
     assert default_layer_ids(30) == (2, 15, 27)  # SmolLM2-135M: as SpecForge / vLLM pick them
     assert default_layer_ids(32) == (2, 16, 29)
@@ -183,7 +263,7 @@ def real_target_config(family: str) -> dict:
     training-free family's defaults."""
     if family in TRAINING_FREE:
         return {}
-    return dict(SMALL[family][1], **({"target_layers": []} if family in ("eagle3", "dflash", "dspark", "xpress") else {}))
+    return dict(SMALL[family][1], **({"target_layers": []} if family in ("eagle3", "peagle", "dflash", "dspark", "xpress") else {}))
 
 
 @pytest.mark.parametrize("family", sorted(REGISTRY))

@@ -4,6 +4,7 @@ serving_figures.py (the figures in docs/serving.md).
 
 - eagle3: vLLM's own `speculators` library, `SpeculatorModel.from_pretrained(export)`, its
   training forward unrolled over 3 TTT steps (the draft logits are caught at its lm_head);
+- peagle: the same, its training forward over every (anchor, depth) of the sequence;
 - dflash, dspark, xpress: the same library's `DFlashDraftModel` / `DSparkDraftModel` /
   `XPressDraftModel`, its training forward over every anchor (dspark's Markov bias and
   xpress's teacher-forced refiner bias caught beside its lm_head);
@@ -40,12 +41,18 @@ def _figures(got: torch.Tensor, want: torch.Tensor) -> tuple[float, float]:
 
 
 def load_in_speculators(out: Path):
-    """speculators' Eagle3DraftModel from the export, on its dense ("eager") attention: its default
-    flex attention builds 128-token block masks that a 16-token CPU check cannot use."""
+    """speculators' Eagle3DraftModel / PEagleDraftModel from the export, on its dense ("eager")
+    attention: its default flex attention builds 128-token block masks that a 16-token CPU
+    check cannot use. The dense mask is built from the same mask function, so it admits the
+    same (query, key) pairs: only the kernel changes, not the maths."""
+    import json
+
     from speculators import SpeculatorModel
     from speculators.models.eagle3 import Eagle3SpeculatorConfig
+    from speculators.models.peagle import PEagleSpeculatorConfig
 
-    config = Eagle3SpeculatorConfig.from_pretrained(str(out))
+    kind = json.loads((Path(out) / "config.json").read_text())["speculators_model_type"]
+    config = {"eagle3": Eagle3SpeculatorConfig, "peagle": PEagleSpeculatorConfig}[kind].from_pretrained(str(out))
     config.transformer_layer_config._attn_implementation = "eager"
     return SpeculatorModel.from_pretrained(str(out), config=config).eval()
 
@@ -65,6 +72,47 @@ def eagle3_vs_speculators(speculator, out: Path, target) -> tuple[float, float]:
     return _figures(torch.stack(caught), want)
 
 
+class _Caught(Exception):
+    pass
+
+
+@torch.no_grad()
+def peagle_vs_speculators(speculator, out: Path, target) -> tuple[float, float]:
+    """Every block position: speculators' training forward on every (anchor j, depth d) with
+    j + d inside the sequence, against speclab's `draft_logits` [d, j].
+
+    speculators draws the (anchor, depth) pairs at random (conditional drop-token sampling,
+    `generate_cod_sample_indices`); the check hands it all of them instead. Which rows exist
+    is all that function decides: the rows' inputs, positions and attention mask are still
+    built by speculators' own forward from (anchor, depth), so its maths is unchanged."""
+    import speculators.models.peagle.core as core
+
+    model = load_in_speculators(out)
+    feats = target_features(target, speculator)
+    n = T - 1  # speculators' shifted frame: hidden_states[j] = g_j beside input_ids[j] = x_{j+1}
+    depths = speculator.draft_logits(feats).shape[1]
+    pairs = [(j, d) for d in range(depths) for j in range(n - d)]
+    anchors, depth = (torch.tensor(column) for column in zip(*pairs))
+    caught = []
+
+    def catch(module, args, logits):  # the forward stops here: its loss is no part of the comparison
+        caught.append(logits[0])
+        raise _Caught
+
+    hook = model.lm_head.register_forward_hook(catch)
+    sampler = core.generate_cod_sample_indices
+    core.generate_cod_sample_indices = lambda **kwargs: (anchors, depth)
+    try:
+        model(hidden_states=feats.layers.flatten(-2)[:, :n], input_ids=feats.input_ids[:, 1:],
+              document_ids=torch.zeros(1, n, dtype=torch.long), loss_mask=torch.ones(1, n),
+              verifier_last_hidden_states=feats.hidden[:, 1:], num_depths=depths)
+    except _Caught:
+        pass
+    finally:
+        core.generate_cod_sample_indices = sampler
+        hook.remove()
+    want = speculator.draft_logits(feats)[0][depth, anchors]  # [pairs, N]
+    return _figures(caught[0], want)
 def load_block_drafter_in_speculators(out: Path):
     """speculators' DFlashDraftModel from the export, on its dense ("eager") attention with the
     float mask speculators builds for it: its default flex attention compiles block masks, which
@@ -110,6 +158,8 @@ def dflash_vs_speculators(speculator, out: Path, target) -> tuple[float, float]:
     got = got[1:, first:]  # anchor 0 has no speclab row; dflash's slot 0 drafts nothing
     want = speculator.draft_logits(feats)[0, :, : T - bs - 1].transpose(0, 1)  # [rows 0.., steps, N]
     return _figures(got, want)
+
+
 
 
 @torch.no_grad()
@@ -158,12 +208,10 @@ def draft_lm_vs_transformers(speculator, out: Path, target) -> tuple[float, floa
     return _figures(model(feats.input_ids).logits[0], speculator.draft_logits(feats)[0, 0])
 
 
-COMPARE = {"eagle3": eagle3_vs_speculators, "dflash": dflash_vs_speculators, "dspark": dflash_vs_speculators, "xpress": dflash_vs_speculators, "mlp": mlp_vs_vllm_oracle, "medusa": medusa_vs_vllm_oracle,
-           "draft_lm": draft_lm_vs_transformers}
-CLIENT = {"eagle3": "speculators 0.9.0 `SpeculatorModel.from_pretrained`",
-          "dflash": "speculators 0.9.0 `SpeculatorModel.from_pretrained`",
-          "dspark": "speculators 0.9.0 `SpeculatorModel.from_pretrained`",
-          "xpress": "speculators 0.9.0 `SpeculatorModel.from_pretrained`",
+COMPARE = {"eagle3": eagle3_vs_speculators, "peagle": peagle_vs_speculators, "dflash": dflash_vs_speculators,
+           "dspark": dflash_vs_speculators, "xpress": dflash_vs_speculators, "mlp": mlp_vs_vllm_oracle,
+           "medusa": medusa_vs_vllm_oracle, "draft_lm": draft_lm_vs_transformers}
+CLIENT = {**{family: "speculators 0.9.0 `SpeculatorModel.from_pretrained`" for family in ("eagle3", "peagle", "dflash", "dspark", "xpress")},
           "mlp": "vLLM `MLPSpeculator` oracle (rebuilt from vLLM's source)",
           "medusa": "vLLM `Medusa` oracle (rebuilt from vLLM's source)",
           "draft_lm": "transformers `AutoModelForCausalLM.from_pretrained`"}

@@ -28,6 +28,10 @@ from speclab.sweeps.results import weights_sha256
 CASES = [  # (family, label, spec)
     ("eagle3", "eagle3, D = H = 64, draft vocab 100 of 384", dict(SPECS["eagle3"], hidden_size=64)),
     ("eagle3", "eagle3, D = H = 64, full vocab", dict(SPECS["eagle3"], hidden_size=64, draft_vocab_size=0)),
+    ("eagle3", "eagle3 with norm_output (EAGLE-3.1), D = H = 64, draft vocab 100 of 384",
+     dict(SPECS["eagle3"], hidden_size=64, norm_output=True)),
+    ("peagle", "peagle, block of 4, D = H = 64, draft vocab 100 of 384", dict(SPECS["peagle"], hidden_size=64)),
+    ("peagle", "peagle, block of 4, D = H = 64, full vocab", dict(SPECS["peagle"], hidden_size=64, draft_vocab_size=0)),
     ("mlp", "mlp, tied, draft vocab 100 of 384 (expanded)", SPECS["mlp"]),
     ("mlp", "mlp, untied, full vocab", dict(SPECS["mlp"], tie_weights=False, draft_vocab_size=0)),
     ("medusa", "medusa, 2 heads, draft vocab 100 of 384 (token_map)", SPECS["medusa"]),

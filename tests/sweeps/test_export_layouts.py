@@ -1,4 +1,4 @@
-"""Each export layout on a tiny target: eagle3 -> vLLM speculators, mlp -> mlp_speculator,
+"""Each export layout on a tiny target: eagle3 and peagle -> vLLM speculators, mlp -> mlp_speculator,
 draft_lm -> LlamaForCausalLM, others -> speclab's own; an export its engine could not run falls
 back to speclab's layout with the reason; every export reloads with `speclab eval` losslessly.
 
@@ -25,6 +25,8 @@ TARGET_CONFIG = {"_target_": "speclab.speculator.target.builders.tiny_llama", "s
 SPECS = {
     "mlp": {"n_predict": 3, "inner_dim": 16, "draft_vocab_size": 100},
     "eagle3": {"hidden_size": 32, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 64, "draft_vocab_size": 100},
+    "peagle": {"hidden_size": 32, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 64, "draft_vocab_size": 100,
+               "block_size": 4, "mask_token_id": 5},
     "draft_lm": {"num_layers": 1, "hidden_size": 16, "num_heads": 2, "intermediate_size": 32},
     "medusa": {"n_predict": 2, "draft_vocab_size": 100},
     "eagle": {"hidden_size": 32, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 64},
@@ -118,6 +120,26 @@ def test_the_export_records_the_tree_it_was_scored_with(tmp_path, target):
     assert 'Scored with a tree {"shape": "dynamic", "depth": 3' in (out / "README.md").read_text()
 
 
+def test_peagle_is_written_in_the_speculators_format(tmp_path, target):
+    speculator, out = exported(tmp_path, target, "peagle")
+    config = json.loads((out / "config.json").read_text())
+    assert config["speculators_model_type"] == "peagle" and config["architectures"] == ["PEagleSpeculator"]
+    assert config["mask_token_id"] == 5 and config["embed_requires_grad"] and config["norm_output"] is False
+    spec = config["speculators_config"]
+    assert spec["algorithm"] == "peagle" and spec["proposal_methods"][0]["speculative_tokens"] == 4  # the block
+    assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3] and config["draft_vocab_size"] == 100
+    tensors = tensor_names(out)
+    assert tensors["mask_hidden"].shape == (1, 1, 3 * target.hidden_size)
+    assert {"embed_tokens.weight", "fc.weight", "layers.0.hidden_norm.weight", "d2t", "t2d"} <= set(tensors)
+    assert same_state(load_checkpoint(out), speculator)
+
+
+def test_eagle3_1_carries_norm_output_in_its_export(tmp_path, target):
+    speculator, out = exported(tmp_path, target, "eagle3", spec=dict(SPECS["eagle3"], norm_output=True))
+    assert json.loads((out / "config.json").read_text())["norm_output"] is True
+    assert load_checkpoint(out).config.norm_output and same_state(load_checkpoint(out), speculator)
+
+
 def test_eagle3_on_a_target_too_shallow_for_vllm_falls_back_with_the_reason(tmp_path, caplog):
     shallow = tiny_llama(seed=0)  # 2 layers: only ids 0, 1 are pre-norm, and vLLM fuses three
     config = {"_target_": "speclab.speculator.target.builders.tiny_llama", "seed": 0}
@@ -205,7 +227,7 @@ def test_other_families_keep_speclabs_self_describing_layout(tmp_path, target, f
     assert same_state(load_checkpoint(out, TargetInfo.of(target)), speculator)
 
 
-@pytest.mark.parametrize("family", ["eagle3", "mlp", "medusa", "draft_lm"])
+@pytest.mark.parametrize("family", ["eagle3", "peagle", "mlp", "medusa", "draft_lm"])
 def test_every_layout_reloads_with_speclab_eval_losslessly(tmp_path, target, family):
     _, out = exported(tmp_path, target, family)
     report = tmp_path / "eval.json"
