@@ -78,11 +78,10 @@ function drawRunCharts(parent, ds) {
        acceptanceLayout());
   plot(chartBox(parent, "run-prompts", "Speedup per prompt"),
        ds.filter((d) => (d.per_prompt || []).length).map((d, i) => ({type: "bar", name: plotText(shorten(name(d), 28)),
-         x: d.per_prompt.map((p) => "prompt " + p.prompt + (p.category ? " · " + plotText(shorten(p.category, 16)) : "")),
-         y: d.per_prompt.map((p) => p.speedup), marker: {color: COLORS[i % COLORS.length]},
-         customdata: d.per_prompt.map((p) => fmt(p.acceptance_length, 2)),
-         hovertemplate: plotText(name(d)) + "<br>%{x}: %{y:.2f}x, acceptance length %{customdata}<extra></extra>"})),
-       baseLayout("", "speedup (x)", {barmode: "group", xaxis: {automargin: true, tickangle: -30}}));
+         x: d.per_prompt.map((p) => p.prompt), y: d.per_prompt.map((p) => p.speedup), marker: {color: COLORS[i % COLORS.length]},
+         customdata: d.per_prompt.map((p) => fmt(p.acceptance_length, 2) + (p.category ? ", " + plotText(p.category) : "")),
+         hovertemplate: plotText(name(d)) + "<br>prompt %{x}: %{y:.2f}x, acceptance length %{customdata}<extra></extra>"})),
+       baseLayout("prompt", "speedup (x)", {barmode: "group", xaxis: {title: {text: "prompt"}, dtick: 1, automargin: true}}));
   if (ds.some((d) => (d.per_category || []).length)) {
     plot(chartBox(parent, "run-categories", "Speedup per prompt category"),
          ds.filter((d) => (d.per_category || []).length).map((d, i) => ({type: "bar", name: plotText(shorten(name(d), 28)),
@@ -99,12 +98,13 @@ function drawRunCharts(parent, ds) {
                   {xaxis: {title: {text: "tokens verified at once"}, type: "log", dtick: Math.log10(2), automargin: true}}));
   const withCands = ds.filter((d) => d.method && d.method.candidates.length);
   plot(chartBox(parent, "run-methods", "Drafting methods tried (pilot tok/s; chosen outlined)"),
-       withCands.map((d, i) => ({type: "bar", name: plotText(shorten(name(d), 28)), x: d.method.candidates.map((c) => c.label),
-         y: d.method.candidates.map((c) => c.tok_s), marker: {color: COLORS[i % COLORS.length],
-         line: {color: "#000", width: d.method.candidates.map((c) => c.label === d.method.chosen ? 3 : 0)}},
+       withCands.map((d, i) => ({type: "bar", orientation: "h", name: plotText(shorten(name(d), 28)),
+         y: d.method.candidates.map((c) => plotText(c.label)), x: d.method.candidates.map((c) => c.tok_s),
+         marker: {color: COLORS[i % COLORS.length],
+                  line: {color: "#000", width: d.method.candidates.map((c) => c.label === d.method.chosen ? 3 : 0)}},
          customdata: d.method.candidates.map((c) => fmt(c.acceptance_length, 2)),
-         hovertemplate: "%{x}: %{y:.1f} tok/s, acceptance length %{customdata}<extra></extra>"})),
-       baseLayout("", "tok/s (pilot)", {barmode: "group", xaxis: {automargin: true, tickangle: -30}}));
+         hovertemplate: "%{y}: %{x:.1f} tok/s, acceptance length %{customdata}<extra></extra>"})),
+       baseLayout("tok/s (pilot)", "", {barmode: "group", yaxis: {automargin: true}}));
   const lossDiv = chartBox(parent, "run-loss", "Training loss (smoothed; ▲ spike, ◆ rollback, ○ restart)");
   const weight = smoothingControl(parent.querySelector("#run-loss-box"), "run-loss-smoothing", () => drawRunCharts(parent, ds));
   plot(lossDiv, lossTraces(ds, weight), lossLayout());
