@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +32,18 @@ def state(root: Path) -> dict:
     runs = [{**run_entry(root, row), "counts": counts(row), "note": note(row, baseline)} for row in rows]
     view = sweep_view([{**run, "config": _dict(row["result"].get("config"))} for run, row in zip(runs, rows)])
     runs += [{**entry, "loss": thin(entry["loss"])} for entry in (live_entry(root, d) for d in running_dirs(root))]
+    label(runs)
     learned, baselines = points_of(rows)
     return {"root": str(root), "generated_at": time.time(), "runs": runs, "sweeps": sweeps(root),
             "scaling": {"points": learned, "baselines": baselines}, "sweep_view": view}
+
+
+def label(runs: list[dict]) -> None:
+    """Each run's name on the page: its run_id, or its directory where run ids repeat (the
+    same sweep run into two runs directories)."""
+    seen = Counter(r["run_id"] for r in runs)
+    for r in runs:
+        r["label"] = r["run_id"] if seen[r["run_id"]] == 1 else r["run_dir"]
 
 
 def run_entry(root: Path, row: dict) -> dict:

@@ -131,11 +131,12 @@ def label(candidate: dict) -> str:
 
 
 def paths(root: Path, run_dir: Path, result: dict) -> dict:
-    """Where the run's checkpoint and exports are (shown as paths; never served)."""
-    out = {"run_dir": str(run_dir.resolve())}
+    """Where the run's checkpoint and exports are (shown as paths, never served), spelled from
+    the runs directory as the dashboard was given it."""
+    out = {"run_dir": str(run_dir)}
     checkpoint = result.get("checkpoint")
     if isinstance(checkpoint, str) and checkpoint:
-        out["checkpoint"] = str((run_dir / checkpoint).resolve()) if not Path(checkpoint).is_absolute() else checkpoint
+        out["checkpoint"] = str(run_dir / checkpoint)
     exports = []
     for manifest in root.rglob(EXPORT_MANIFEST):
         try:
@@ -143,6 +144,6 @@ def paths(root: Path, run_dir: Path, result: dict) -> dict:
         except (OSError, ValueError, AttributeError):
             continue
         if isinstance(source, str) and Path(source).resolve() == run_dir.resolve():
-            exports.append(str(manifest.parent.resolve()))
+            exports.append(str(manifest.parent))
     out["exports"] = sorted(exports)
     return out

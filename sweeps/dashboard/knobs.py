@@ -22,7 +22,7 @@ from typing import Any
 from ..table import is_baseline
 
 IGNORED = ("run_name", "runs_dir", "resume", "wandb.", "hydra.")  # names and plumbing, not knobs
-MAX_KNOBS = 12  # parallel coordinates stay readable up to about this many axes
+MAX_KNOBS = 10  # with the two metrics, about 100 px an axis on a 1280 px chart: labels stay apart
 IMPORTANCE_BINS = 4
 METRICS = ("speedup", "acceptance_length")
 MISSING = "-"  # a knob a run's config does not have (a training-free run has no learned width)
@@ -55,6 +55,23 @@ def knob_table(runs: list[dict]) -> dict[str, list]:
         if len({json.dumps(v) for v in values}) > 1:
             table[key] = values
     return table
+
+
+def merge_aliases(table: dict[str, list]) -> tuple[dict[str, list], dict[str, list[str]]]:
+    """Knobs that split the runs into the same groups are one axis: the first keeps its
+    values, the others are listed as its aliases (a family's own keys vary with the family,
+    a width with the parameter count). Returns (table of the kept knobs, {kept: aliases})."""
+    kept: dict[str, list] = {}
+    aliases: dict[str, list[str]] = {}
+    by_partition: dict[tuple, str] = {}
+    for key, values in table.items():
+        seen: dict[str, int] = {}
+        partition = tuple(seen.setdefault(json.dumps(v), len(seen)) for v in values)
+        if partition in by_partition:
+            aliases[by_partition[partition]].append(key)
+        else:
+            by_partition[partition], kept[key], aliases[key] = key, values, []
+    return kept, aliases
 
 
 def _is_number(v: Any) -> bool:
@@ -128,10 +145,10 @@ def sweep_view(runs: list[dict]) -> dict:
     Pareto fronts over every counted run. The training-free baselines are left out of the
     knobs: they have no width or data, so each learned knob would 'vary' only through them."""
     counted = [r for r in runs if r.get("counts") and not is_baseline({**r, "result": {"config": r.get("config")}})]
-    table = knob_table(counted)
+    table, aliases = merge_aliases(knob_table(counted))
     ranked = importance(table, [r.get("speedup") for r in counted])
     order = [e["knob"] for e in ranked] + [k for k in table if k not in {e["knob"] for e in ranked}]
-    axes = [{"knob": k, **encode(table[k])} for k in order[:MAX_KNOBS]]
+    axes = [{"knob": k, "aliases": aliases[k], **encode(table[k])} for k in order[:MAX_KNOBS]]
     return {
         "run_dirs": [r["run_dir"] for r in counted],
         "axes": axes,

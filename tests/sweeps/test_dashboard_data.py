@@ -10,7 +10,8 @@ from dashboard_runs import generate
 
 from speclab.sweeps.dashboard.data import run_entry, speedup_ci, state
 from speclab.sweeps.dashboard.detail import find_run, run_detail
-from speclab.sweeps.dashboard.knobs import encode, eta_squared, flatten, importance, knob_table, pareto_front
+from speclab.sweeps.dashboard.knobs import (encode, eta_squared, flatten, importance, knob_table, merge_aliases,
+                                            pareto_front)
 from speclab.sweeps.dashboard.live import planned_jobs, progress
 from speclab.sweeps.run_rows import load_rows
 
@@ -28,6 +29,11 @@ def test_flatten_and_the_knobs_that_vary():
     table = knob_table(runs)
     assert set(table) == {"speculator.family", "speculator.width", "params"}  # seed constant, run_name ignored
     assert table["speculator.width"] == [256, 512, 256]
+
+
+def test_knobs_that_split_runs_alike_are_one_axis():
+    kept, aliases = merge_aliases({"family": ["a", "a", "b"], "width": [1, 1, 2], "lr": [1, 2, 2], "dim": [8, 9, 9]})
+    assert list(kept) == ["family", "lr"] and aliases == {"family": ["width"], "lr": ["dim"]}
 
 
 def test_encode_numbers_categories_and_log_axes():
@@ -65,7 +71,9 @@ def test_state_carries_intervals_ties_and_the_sweep_view(generated):
     assert first["speedup_ci"] == pytest.approx([first["speedup"] - 0.1, first["speedup"] + 0.1])
     assert first["tied"] is False
     view = payload["sweep_view"]
-    assert {a["knob"] for a in view["axes"]} >= {"speculator.family", "speculator.inner_dim", "data.max_tokens"}
+    axes = {a["knob"]: a["aliases"] for a in view["axes"]}
+    # a width splits the runs as the parameter count does, a data budget as the tokens trained on
+    assert axes == {"speculator.family": [], "params": ["speculator.inner_dim"], "data.max_tokens": ["train tokens"]}
     assert len(view["run_dirs"]) == 18  # the learned runs that count: baselines, failed, broken left out
     assert len(view["pareto"]["draft_ms_per_token"]) >= 2 and "sweep-grid/baseline-ngram" in view["pareto"]["draft_ms_per_token"]
     assert view["importance"]["speedup"][0]["score"] > 0
@@ -93,7 +101,7 @@ def test_run_page_payload(generated):
     assert sorted(e["kind"] for e in page["events"]) == ["restart", "rollback", "spike"]
     assert page["data"]["cache.tokens"] == 30_000 and page["lossless"]["mismatches"] == 0
     assert page["paths"]["checkpoint"].endswith("checkpoints/speculator")
-    assert page["paths"]["exports"] == [str(special["export"].resolve())]
+    assert page["paths"]["exports"] == [str(special["export"])]
     assert run_detail(root, "broken")["status"] == "malformed"
     assert run_detail(root, special["training"].relative_to(root).as_posix())["status"] == "running"
 

@@ -2,7 +2,8 @@
 // Plotly charts. Each chart keeps a legend (showlegend: true even for one trace), hover
 // values, and labels Plotly lays out itself (legend entries, not text on the plot, so
 // labels cannot print over each other). Record strings pass through plotText.
-const PLOT_CONFIG = {displaylogo: false, responsive: false, modeBarButtonsToRemove: ["select2d", "lasso2d"]};
+// no mode bar: it would sit over the legend; drag zooms, a double click resets
+const PLOT_CONFIG = {displaylogo: false, responsive: false, displayModeBar: false};
 
 function baseLayout(xtitle, ytitle, extra) {
   return Object.assign({
@@ -51,11 +52,11 @@ function lossTraces(runs, weight) {
   const seen = new Set();
   runs.filter((r) => r.loss && r.loss.length).forEach((r, i) => {
     const xs = r.loss.map((p) => p[0]), ys = r.loss.map((p) => p[1]), color = COLORS[i % COLORS.length];
-    const name = plotText(shorten(r.run_id, 28));
+    const label = r.label || r.run_id, name = plotText(shorten(label, 28));
     traces.push({type: "scatter", mode: "lines", x: xs, y: ys, name: name + " (raw)", legendgroup: r.run_dir,
                  showlegend: false, opacity: 0.3, line: {color, width: 1}, hoverinfo: "skip"});
     traces.push({type: "scatter", mode: "lines", x: xs, y: smooth(ys, weight), name, legendgroup: r.run_dir, meta: "curve",
-                 line: {color, width: 2}, hovertemplate: plotText(r.run_id) + "<br>step %{x}: %{y:.4f}<extra></extra>"});
+                 line: {color, width: 2}, hovertemplate: plotText(label) + "<br>step %{x}: %{y:.4f}<extra></extra>"});
     for (const kind of Object.keys(EVENT_SYMBOL)) {
       const evs = (r.events || []).filter((e) => e.kind === kind);
       if (!evs.length) continue;
@@ -87,7 +88,7 @@ function smoothingControl(parent, id, onChange) {
 }
 function acceptanceTraces(runs) {
   return runs.filter((r) => (r.per_position || []).some(isNum)).map((r, i) =>
-    line(r.run_id, r.per_position.map((_, p) => p + 1), r.per_position, i));
+    line(r.label || r.run_id, r.per_position.map((_, p) => p + 1), r.per_position, i));
 }
 function acceptanceLayout() {
   return baseLayout("draft position", "acceptance rate", {yaxis: {title: {text: "acceptance rate"}, range: [0, 1]},

@@ -14,7 +14,8 @@ const picked = new Set();
 
 function cell(run, key) {
   if (key === "params") return fmtParams(run.params);
-  if (key === "per_position") return run.per_position.length ? run.per_position.map((r) => fmt(r, 2)).join("/") : "-";
+  // a zero-width space after each slash lets a long row of rates wrap instead of widening the table
+  if (key === "per_position") return run.per_position.length ? run.per_position.map((r) => fmt(r, 2)).join("/\u200b") : "-";
   if (key === "speedup") return fmtSpeedup(run);
   if (key === "lossless") return isNum(run.checked_prompts) && run.checked_prompts > 0
       ? (run.checked_prompts - (run.mismatches || 0)) + "/" + run.checked_prompts : "-";
@@ -58,7 +59,7 @@ function drawLeaderboard(runs) {
     const tr = el("tr", null, {"class": statusText(run) === "failed" ? "failed" : run.status + mark,
                                 title: run.error || "", "data-run": run.run_dir});
     for (const [key, , kind] of COLUMNS) {
-      const td = el("td", null, {"class": kind + (key === "note" ? " note" : "")});
+      const td = el("td", null, {"class": kind + (key === "note" ? " note" : key === "per_position" ? " rates" : "")});
       if (key === "pick") {
         const box = el("input", null, {type: "checkbox", "class": "pick"});
         box.checked = picked.has(run.run_dir);
@@ -92,7 +93,7 @@ function drawSweeps(sweeps) {
   parts[0].appendChild(table);
   for (const s of sweeps) {
     const tr = el("tr");
-    [s.sweep_dir, s.jobs, s.completed, s.failed, s.running, s.queued === null ? "?" : s.queued, s.resumed, fmtDuration(s.eta_s)]
+    [s.sweep_dir, s.jobs, s.completed, s.failed, s.running, s.queued === null ? "?" : s.queued, s.resumed, s.eta_s === 0 ? "none" : fmtDuration(s.eta_s)]
         .forEach((v, i) => tr.appendChild(el("td", v, {"class": i ? "num" : "text"})));
     table.appendChild(tr);
     if (s.halving) parts.push(drawHalving(s));
@@ -135,7 +136,6 @@ function drawPareto(state) {
   const runs = state.runs, frontDirs = new Set(state.sweep_view.pareto[cost]);
   const pts = runs.filter((r) => r.counts && isNum(r[cost]) && r[cost] > 0 && isNum(r.speedup));
   const front = state.sweep_view.pareto[cost].map((d) => runs.find((r) => r.run_dir === d)).filter(Boolean);
-  const hover = (r) => plotText(r.run_id + " (" + (r.family || "?") + ")") + "<br>" + fmtSpeedup(r) + "<br>cost %{x}<extra></extra>";
   const traces = [];
   const families = [...new Set(pts.map((r) => r.family))];
   families.forEach((fam, i) => {
@@ -144,15 +144,15 @@ function drawPareto(state) {
                  marker: {size: rs.map((r) => frontDirs.has(r.run_dir) ? 11 : 7), color: COLORS[i % COLORS.length]},
                  error_y: {type: "data", symmetric: false, array: rs.map((r) => r.speedup_ci ? r.speedup_ci[1] - r.speedup : 0),
                            arrayminus: rs.map((r) => r.speedup_ci ? r.speedup - r.speedup_ci[0] : 0), thickness: 1, width: 3},
-                 text: rs.map((r) => plotText(r.run_id)), customdata: rs.map((r) => r.run_dir),
+                 text: rs.map((r) => plotText(r.label || r.run_id)), customdata: rs.map((r) => r.run_dir),
                  hovertemplate: "%{text}<br>%{y:.2f}x at %{x:.3g}<extra></extra>", meta: "point"});
   });
   traces.push({type: "scatter", mode: "lines", name: "Pareto front", x: front.map((r) => r[cost]), y: front.map((r) => r.speedup),
                line: {color: "#d62728", dash: "dash", shape: "hv"}, hoverinfo: "skip", meta: "front"});
   if (cost === "params") {
     runs.filter((r) => r.counts && r.params === 0 && isNum(r.speedup)).forEach((r, i) => {
-      traces.push({type: "scatter", mode: "lines", name: plotText(r.run_id + " (0 params)"), x: [Math.min(...pts.map((p) => p.params), 1e3), Math.max(...pts.map((p) => p.params), 1e6)],
-                   y: [r.speedup, r.speedup], line: {dash: "dot", color: "#888"}, hovertemplate: plotText(r.run_id) + ": %{y:.2f}x<extra></extra>"});
+      traces.push({type: "scatter", mode: "lines", name: plotText(shorten(r.label || r.run_id, 20) + " (0 params)"), x: [Math.min(...pts.map((p) => p.params), 1e3), Math.max(...pts.map((p) => p.params), 1e6)],
+                   y: [r.speedup, r.speedup], line: {dash: "dot", color: "#888"}, hovertemplate: plotText(r.label || r.run_id) + ": %{y:.2f}x<extra></extra>"});
     });
   }
   return plot(div, traces, baseLayout(cost === "params" ? "draft parameters" : "draft ms per drafted token", "speedup (x)",
@@ -181,10 +181,22 @@ function drawScaling(scaling) {
                   hovertemplate: "%{text}<br>%{x:.3s} tokens: %{y:.2f}<extra></extra>", meta: "point"})];
   });
   const xs = pts.map((p) => p.tokens);
-  (scaling.baselines || []).filter((b) => isNum(b.acceptance_length)).forEach((b, i) => {
-    traces.push({type: "scatter", mode: "lines", name: plotText(b.family + " (baseline)"), x: [Math.min(...xs, 1e3), Math.max(...xs, 1e5)],
-                 y: [b.acceptance_length, b.acceptance_length], line: {dash: "dash", color: ["#888", "#444", "#bbb"][i % 3]},
-                 hovertemplate: plotText(b.family) + ": %{y:.2f}<extra></extra>", meta: "baseline"});
+  // a baseline per family: a dashed line, or a band from its lowest to its highest score
+  // where several sweeps scored it (as plot_scaling draws them)
+  const byFamily = new Map();
+  for (const b of (scaling.baselines || []).filter((b) => isNum(b.acceptance_length))) {
+    if (!byFamily.has(b.family)) byFamily.set(b.family, []);
+    byFamily.get(b.family).push(b.acceptance_length);
+  }
+  const x0 = Math.min(...xs, 1e3), x1 = Math.max(...xs, 1e5);
+  [...byFamily.entries()].forEach(([family, values], i) => {
+    const lo = Math.min(...values), hi = Math.max(...values), color = ["#888", "#444", "#bbb"][i % 3];
+    const name = plotText(family + " (baseline" + (values.length > 1 ? ", " + values.length + " scores" : "") + ")");
+    traces.push(lo === hi
+      ? {type: "scatter", mode: "lines", name, x: [x0, x1], y: [lo, lo], line: {dash: "dash", color},
+         hovertemplate: plotText(family) + ": %{y:.2f}<extra></extra>", meta: "baseline"}
+      : {type: "scatter", mode: "lines", name, x: [x0, x1, x1, x0, x0], y: [lo, lo, hi, hi, lo], fill: "toself",
+         line: {dash: "dash", color, width: 1}, opacity: 0.4, hovertemplate: plotText(family) + ": %{y:.2f}<extra></extra>", meta: "baseline"});
   });
   return plot(div, pts.length ? traces : [], baseLayout("training tokens", "mean acceptance length",
     {xaxis: {title: {text: "training tokens"}, type: "log", automargin: true}}));
@@ -199,13 +211,21 @@ function drawOverviewCharts(state) {
   plot(lossDiv, lossTraces(state.runs, weight), lossLayout());
 }
 
+// An axis is named by its key's last part (two parts where the last repeats), kept short
+// enough that neighbouring labels never meet; the table under the chart gives full keys.
+function axisLabels(knobs) {
+  const last = knobs.map((k) => k.split(".").slice(-1)[0]);
+  return knobs.map((k, i) => shorten(last.filter((x) => x === last[i]).length > 1 ? k.split(".").slice(-2).join(".") : last[i], 14));
+}
+
 // Sweep view: parallel coordinates of the knobs that vary against the metrics; importance.
 function drawSweepView(state) {
   const view = state.sweep_view, parent = document.getElementById("sweep-charts");
   const metric = document.getElementById("metric").value;
   const values = view.metrics[metric];
-  const dims = view.axes.map((a) => {
-    const dim = {label: plotText(shorten(a.knob.split(".").slice(-2).join("."), 16)), values: a.values};
+  const labels = axisLabels(view.axes.map((a) => a.knob));
+  const dims = view.axes.map((a, n) => {
+    const dim = {label: plotText(labels[n]), values: a.values};
     if (a.ticks) Object.assign(dim, {tickvals: a.ticks.map((_, i) => i), ticktext: a.ticks.map((t) => plotText(shorten(t, 12))),
                                      range: [-0.5, a.ticks.length - 0.5]});
     else if (a.log) dim.label = dim.label + " (log10)";
@@ -219,7 +239,7 @@ function drawSweepView(state) {
                           line: {color: values, colorscale: "Viridis", showscale: true, colorbar: {title: {text: metric === "speedup" ? "speedup" : "acc. length"}}}}]
                       : [], {margin: {l: 60, r: 60, t: 50, b: 30}, annotations: ok ? [] : [{text: "fewer than two counted runs, or no knob varies", showarrow: false, xref: "paper", yref: "paper", x: 0.5, y: 0.5}]}, PLOT_CONFIG);
   const keys = document.getElementById("axis-keys");
-  keys.replaceChildren(kvTable(view.axes.map((a) => [shorten(a.knob.split(".").slice(-2).join("."), 16), a.knob])));
+  keys.replaceChildren(kvTable(view.axes.map((a, n) => [labels[n], a.knob + (a.aliases.length ? " (these vary with it: " + a.aliases.join(", ") + ")" : "")])));
   if (view.hidden_knobs.length) keys.appendChild(el("p", "also varying (not drawn): " + view.hidden_knobs.join(", ")));
   const imp = view.importance[metric];
   const bar = chartBox(parent, "importance", "Knob importance for " + metric + " (eta², sums to 1)");

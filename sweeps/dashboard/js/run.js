@@ -70,7 +70,7 @@ function drawRunPage(d) {
 
 // The figures of one or more runs (one trace per run on each chart).
 function drawRunCharts(parent, ds) {
-  const many = ds.length > 1, name = (d) => d.run_id;
+  const many = ds.length > 1, name = (d) => d.label || d.run_id;
   plot(chartBox(parent, "run-acceptance", "Acceptance per draft position"),
        ds.filter((d) => (d.per_position || []).length).map((d, i) => ({type: "bar", name: plotText(shorten(name(d), 28)),
          x: d.per_position.map((_, p) => p + 1), y: d.per_position, marker: {color: COLORS[i % COLORS.length]},
@@ -114,6 +114,8 @@ function drawRunCharts(parent, ds) {
 function drawCompare(ds) {
   const root = document.getElementById("compare-view");
   root.replaceChildren(el("h2", "Comparing " + ds.length + " runs"));
+  // where run ids repeat (one sweep run into two runs directories) the directories name them
+  ds.forEach((d) => { d.label = ds.filter((x) => x.run_id === d.run_id).length > 1 ? d.run_dir : d.run_id; });
   const flat = ds.map((d) => new Map(flatPairs(d.config, "")));
   const keys = [...new Set(flat.flatMap((m) => [...m.keys()]))].sort()
       .filter((k) => new Set(flat.map((m) => JSON.stringify(m.get(k)))).size > 1);

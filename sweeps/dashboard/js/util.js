@@ -54,7 +54,7 @@ function kvTable(pairs, cls) {
 }
 function runHash(dir) { return "#run=" + encodeURIComponent(dir); }
 function runLink(run) {
-  const a = el("a", run.run_id, {href: runHash(run.run_dir), "class": "run-link"});
+  const a = el("a", run.label || run.run_id, {href: runHash(run.run_dir), "class": "run-link"});
   return a;
 }
 async function getJSON(url) {
