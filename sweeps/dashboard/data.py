@@ -31,7 +31,7 @@ def state(root: Path) -> dict:
     baseline = best_baseline(rows)  # the bar every learned run is read against (table.py)
     runs = [{**run_entry(root, row), "counts": counts(row), "note": note(row, baseline)} for row in rows]
     view = sweep_view([{**run, "config": _dict(row["result"].get("config"))} for run, row in zip(runs, rows)])
-    runs += [{**entry, "loss": thin(entry["loss"])} for entry in (live_entry(root, d) for d in running_dirs(root))]
+    runs += [{**entry, "loss": thin_points(entry["loss"])} for entry in (live_entry(root, d) for d in running_dirs(root))]
     label(runs)
     learned, baselines = points_of(rows)
     return {"root": str(root), "generated_at": time.time(), "runs": runs, "sweeps": sweeps(root),
@@ -102,8 +102,13 @@ def events(train: dict) -> list[dict]:
 
 
 def thin(values: list) -> list[list[float]]:
+    """[[step, loss], ...] of a loss per step, at most MAX_CURVE_POINTS of them."""
+    return thin_points([[i, v] for i, v in enumerate(values)])
+
+
+def thin_points(points: list) -> list[list[float]]:
     """[[step, loss], ...] with at most MAX_CURVE_POINTS points (every n-th, the last kept)."""
-    points = [[i, v] for i, v in enumerate(values) if _num(v) is not None]
+    points = [[x, v] for x, v in points if _num(v) is not None]
     if len(points) <= MAX_CURVE_POINTS:
         return points
     stride = math.ceil(len(points) / MAX_CURVE_POINTS)

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..results import EXPORT_MANIFEST, read_result, result_problem
 from ..run_rows import find_run_dirs
-from .data import _dict, _num, draft_ms, events, speedup_ci, thin
+from .data import _dict, _num, draft_ms, events, speedup_ci, thin, thin_points
 from .knobs import flatten
 from .live import live_entry, running_dirs
 
@@ -40,7 +40,7 @@ def run_detail(root: Path, rel: str) -> dict | None:
     if not finished:
         entry = live_entry(root, run_dir)
         return {"run_dir": rel, "run_id": rel, "status": entry["status"], "error": entry["error"],
-                "progress": entry.get("progress"), "loss": thin(entry["loss"]), "events": [], "config": {}}
+                "progress": entry.get("progress"), "loss": thin_points(entry["loss"]), "events": [], "config": {}}
     try:
         result = read_result(run_dir)
     except ValueError as exc:

@@ -41,7 +41,7 @@ def live_entry(root: Path, run_dir: Path) -> dict:
             "draft_ms_per_token": None, "acceptance_length": None, "acceptance_rate": None, "per_position": [],
             "speedup": None, "spec_tok_s": None, "baseline_tok_s": None, "checked_prompts": None,
             "mismatches": None, "train_steps": None, "final_loss": None,
-            "loss": read_live_loss(run_dir), "events": [], "progress": None if dead else progress(run_dir)}
+            "loss": read_live_curve(run_dir), "events": [], "progress": None if dead else progress(run_dir)}
 
 
 def gone(run_dir: Path) -> str | None:
@@ -83,6 +83,18 @@ def read_live_loss(run_dir: Path) -> list[float]:
         return [float(r["train/loss"]) for r in _metrics(run_dir) if r.get("train/loss")]
     except (ValueError, KeyError):
         return []
+
+
+def read_live_curve(run_dir: Path) -> list[list[float]]:
+    """[[step, train/loss], ...] from Lightning's CSV log, at the steps it was logged."""
+    out = []
+    for i, r in enumerate(_metrics(run_dir)):
+        try:
+            if r.get("train/loss"):
+                out.append([int(r["step"]) if r.get("step") else i, float(r["train/loss"])])
+        except (ValueError, TypeError):
+            continue
+    return out
 
 
 def _config(run_dir: Path) -> dict:

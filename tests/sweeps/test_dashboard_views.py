@@ -14,6 +14,7 @@ from test_dashboard import artifacts_dir, chromium, needs_chromium
 
 from speclab.sweeps.dashboard.browser import Browser
 from speclab.sweeps.dashboard.server import make_server
+from speclab.sweeps.results import failed_result, write_result
 
 RUNS = 100  # learned runs: the load time is measured over this many
 
@@ -121,6 +122,20 @@ def test_every_view_over_a_generated_sweep(generated):
         assert browser.evaluate("document.querySelectorAll('#compare-config tr.diff').length") >= 1
         assert browser.evaluate("document.getElementById('run-acceptance').data.length") == 2
         check_view(browser, "compare")
+
+        # live: the training run's page follows its log, then shows why it failed
+        training = special["training"].relative_to(root).as_posix()
+        browser.evaluate(f"location.hash = 'run=' + encodeURIComponent({json.dumps(training)})")
+        browser.wait_for("document.body.dataset.drawn === 'run' && !!document.getElementById('run-progress')")
+        assert browser.evaluate("document.getElementById('run-loss').data.find(t => t.meta === 'curve').x") == [0, 5, 10, 15]
+        with open(special["training"] / "logs" / "metrics.csv", "a") as f:
+            f.write("".join(f"0,{s},{4 - s * 0.01:.3f}\n" for s in range(20, 60, 5)))
+        browser.wait_for("document.getElementById('run-loss').data.find(t => t.meta === 'curve').x.length === 12",
+                         timeout=20)
+        write_result(special["training"], failed_result("late", {}, RuntimeError("loss is NaN at step 61")))
+        browser.wait_for("document.body.innerText.includes('loss is NaN at step 61')", timeout=20)
+        browser.evaluate("location.hash = 'overview'")
+        browser.wait_for("[...document.querySelectorAll('#failures p')].some(p => p.innerText.includes('loss is NaN'))")
         assert browser.errors() == []
     finally:
         browser.close()

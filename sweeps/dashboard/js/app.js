@@ -17,7 +17,10 @@ function show(view) {
     const tab = document.getElementById("tab-" + name);
     if (tab) tab.classList.toggle("active", name === view);
   }
-  if (view !== "run") { document.getElementById("run-view").replaceChildren(); delete document.getElementById("run-view").dataset.run; }
+  if (view !== "run") {
+    const run = document.getElementById("run-view");
+    run.replaceChildren(); delete run.dataset.run; delete run.dataset.status;
+  }
   if (view !== "compare") document.getElementById("compare-view").replaceChildren();
 }
 async function drawView(fresh) {
@@ -29,8 +32,10 @@ async function drawView(fresh) {
     drawSweepView(latest);
   } else if (r.view === "run") {
     const summary = latest && latest.runs.find((x) => x.run_dir === r.dirs[0]);
-    // a finished run does not change: fetched once; one in progress is refetched each poll
-    if (fresh || !summary || summary.status === "running" || document.getElementById("run-view").dataset.run !== r.dirs[0])
+    // a finished run does not change: fetched once; one in progress is refetched each poll,
+    // and once more when its status changes (it finished or failed)
+    const shown = document.getElementById("run-view").dataset;
+    if (fresh || !summary || summary.status === "running" || shown.run !== r.dirs[0] || shown.status !== summary.status)
       drawRunPage(await getJSON("api/run?dir=" + encodeURIComponent(r.dirs[0])));
   } else if (r.view === "compare" && fresh) {
     drawCompare(await Promise.all(r.dirs.map((d) => getJSON("api/run?dir=" + encodeURIComponent(d)))));

@@ -42,6 +42,7 @@ function drawRunPage(d) {
   const sameRun = root.dataset.run === d.run_dir;
   if (!sameRun) root.replaceChildren();
   root.dataset.run = d.run_dir;
+  root.dataset.status = d.status;
   const head = el("div", null, {id: "run-head"});
   head.append(el("h2", d.run_id), el("p", null));
   if (d.progress) head.appendChild(el("p", "training: step " + d.progress.step + (d.progress.max_steps ? " of " + d.progress.max_steps : "") +
