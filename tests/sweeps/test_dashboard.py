@@ -195,3 +195,32 @@ def test_state_says_which_runs_count_and_marks_the_baselines(runs):
     failed, lossy = by_dir["sweep-quick/2-eagle3-cccc"], by_dir["sweep-quick/lossy-mlp"]
     assert not failed["counts"] and "out of memory" in failed["note"]  # its one-line reason, in the row
     assert not lossy["counts"] and lossy["note"].startswith("not lossless")
+
+
+@needs_chromium
+def test_a_rows_tie_and_interval_are_shown(served, monkeypatch):
+    """The results table's own verdicts, where a row carries them: `tied_with_leader` marks
+    the speedup "tied", and `speedup_ci` is the interval shown beside it."""
+    from speclab.sweeps.dashboard import data
+
+    runs, url = served
+    rows = data.load_rows
+
+    def with_verdicts(root):
+        out = rows(root)
+        for row in out:
+            if row["run_dir"] == "sweep-quick/1-draft_lm-bbbb":
+                row.update(tied_with_leader=True, speedup_ci=[0.95, 1.25])
+        return out
+
+    monkeypatch.setattr(data, "load_rows", with_verdicts)
+    browser = Browser(chromium)
+    try:
+        browser.call("Page.navigate", url=url)
+        browser.wait_for("document.body && document.body.dataset.drawn === 'overview'")
+        cell = "document.querySelector('tr[data-run=\"sweep-quick/1-draft_lm-bbbb\"] td:nth-child(10)')"
+        assert browser.evaluate(cell + ".textContent") == "1.10x [0.95, 1.25]tied"
+        assert browser.evaluate("document.querySelectorAll('.tied').length") == 1
+        assert browser.errors() == []
+    finally:
+        browser.close()

@@ -1,6 +1,6 @@
 """The dashboard's screenshots for the docs, drawn from a runs directory's records.
 
-    python -m speclab.sweeps.dashboard.screenshots --runs runs/demo --out docs/dashboard
+    python -m speclab.sweeps.dashboard.capture --runs runs/demo --out docs/dashboard
 
 Serves the runs directory on a free local port, opens each view in headless Chromium (apt's
 `chromium`; websocket-client, a dev dependency, speaks to it) at 1400 px wide and writes
