@@ -59,7 +59,7 @@ function drawLeaderboard(runs) {
     const tr = el("tr", null, {"class": statusText(run) === "failed" ? "failed" : run.status + mark,
                                 title: run.error || "", "data-run": run.run_dir});
     for (const [key, , kind] of COLUMNS) {
-      const td = el("td", null, {"class": kind + (key === "note" ? " note" : key === "per_position" ? " rates" : "")});
+      const td = el("td", null, {"class": kind + ({note: " note", per_position: " rates", run_id: " run"}[key] || "")});
       if (key === "pick") {
         const box = el("input", null, {type: "checkbox", "class": "pick"});
         box.checked = picked.has(run.run_dir);
