@@ -107,7 +107,8 @@ def _config(run_dir: Path) -> dict:
 
 
 def _family(run_dir: Path) -> str | None:
-    family = (_config(run_dir).get("speculator") or {}).get("family")
+    speculator = _config(run_dir).get("speculator")
+    family = speculator.get("family") if isinstance(speculator, dict) else None
     return family if isinstance(family, str) else None
 
 
@@ -120,7 +121,8 @@ def progress(run_dir: Path, now: float | None = None) -> dict:
         except (KeyError, TypeError, ValueError):
             continue
     step = max(steps) + 1 if steps else 0
-    max_steps = (_config(run_dir).get("training") or {}).get("max_steps")
+    training = _config(run_dir).get("training")
+    max_steps = training.get("max_steps") if isinstance(training, dict) else None
     max_steps = max_steps if isinstance(max_steps, int) and not isinstance(max_steps, bool) and max_steps > 0 else None
     try:
         started = (run_dir / ".hydra").stat().st_mtime
@@ -181,9 +183,12 @@ def sweeps(root: Path) -> list[dict]:
 
 
 def sweep_eta(jobs: list[Path], statuses: list[str], queued: int | None) -> float | None:
+    """Seconds until the sweep's last job ends (module docstring), or None where unknown."""
     running = [j for j, s in zip(jobs, statuses) if s == "running"]
+    if queued is None:  # its size is not known: neither is its end
+        return None
     if not running and not queued:
-        return 0.0 if queued == 0 else None
+        return 0.0
     walls = []
     for job, status in zip(jobs, statuses):
         if status == "completed":

@@ -3,6 +3,7 @@
 // state is polled every few seconds and the shown view redrawn in place (Plotly.react).
 const POLL_MS = 3000;
 let latest = null;
+let drawnKey = null;  // the state last drawn, less its timestamp: an unchanged state is not redrawn
 
 function route() {
   const hash = decodeURIComponent(location.hash.slice(1));
@@ -46,7 +47,8 @@ async function refresh() {
   const status = document.getElementById("status");
   try {
     latest = await getJSON("api/state");
-    await drawView(false);
+    const key = location.hash + JSON.stringify(Object.assign({}, latest, {generated_at: 0}));
+    if (key !== drawnKey) { await drawView(false); drawnKey = key; }
     status.className = "";
     const training = latest.runs.filter((x) => x.status === "running").length;
     status.textContent = latest.runs.length + " runs under " + latest.root + (training ? " (" + training + " training)" : "") +
