@@ -152,6 +152,9 @@ def test_page_in_headless_chromium(served):
         assert browser.evaluate("document.querySelectorAll('.halving tr').length") == 3
         # strings from run names are text, never markup: the evil name shows, nothing runs
         assert browser.evaluate(f"document.body.innerText.includes({json.dumps(EVIL)})")
+        # in a chart's legend too, as the same characters (Plotly reads tags in labels: they are escaped)
+        assert browser.evaluate("[...document.querySelectorAll('#acceptance .legend text')]"
+                                f".some(t => t.textContent === {json.dumps(EVIL[:27] + '…')})")
         assert browser.evaluate("document.querySelectorAll('img').length") == 0
         assert browser.evaluate("window.__pwned === undefined")
         # sorting by header clicks: params descending (the 9M run first), then ascending (the
