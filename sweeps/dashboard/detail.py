@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from ..results import EXPORT_MANIFEST, read_result, result_problem
 from ..run_rows import find_run_dirs
