@@ -3,91 +3,80 @@
 Everything comes from the run directories themselves (result.json, the live
 logs/metrics.csv of a run in progress, a sweep's multirun.yaml and halving.json); nothing
 is written, so the page can watch a sweep that is running and a runs directory the viewer
-may only read.
+may only read. live.py reads what is in progress, knobs.py the sweep view's figures,
+detail.py one run's page.
 """
 
 from __future__ import annotations
 
-import csv
-import json
 import math
-import os
-import socket
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from ..halving import DECISIONS_FILE, read_decisions
-from ..run_rows import find_run_dirs, load_rows
 from ..plot_scaling import points_of
-from ..results import PROCESS_FILE, RESULT_FILE, result_problem
+from ..run_rows import load_rows
 from ..table import best_baseline, counts, note
+from .knobs import sweep_view
+from .live import live_entry, read_live_loss, running_dirs, sweeps
 
-MAX_CURVE_POINTS = 400  # loss curves are thinned to this many points (the page draws SVG)
-SWEEP_FILES = ("multirun.yaml", "optimization_results.yaml")  # Hydra's sweepers / Optuna's, at a sweep's root
-RESUMED_FILE = "resumed.json"
-METRICS_CSV = Path("logs") / "metrics.csv"
+MAX_CURVE_POINTS = 400  # loss curves are thinned to this many points (one per pixel or so)
 
 
 def state(root: Path) -> dict:
-    """The page's whole payload: runs (leaderboard, Pareto, acceptance, loss) and sweeps."""
+    """The page's whole payload: runs (leaderboard, Pareto, acceptance, loss), the sweep view
+    and sweeps' progress."""
     rows = load_rows(root) if root.is_dir() else []
     baseline = best_baseline(rows)  # the bar every learned run is read against (table.py)
     runs = [{**run_entry(root, row), "counts": counts(row), "note": note(row, baseline)} for row in rows]
-    runs += [live_entry(root, d) for d in running_dirs(root)]
+    view = sweep_view([{**run, "config": _dict(row["result"].get("config"))} for run, row in zip(runs, rows)])
+    runs += [{**entry, "loss": thin_points(entry["loss"])} for entry in (live_entry(root, d) for d in running_dirs(root))]
+    label(runs)
     learned, baselines = points_of(rows)
     return {"root": str(root), "generated_at": time.time(), "runs": runs, "sweeps": sweeps(root),
-            "scaling": {"points": learned, "baselines": baselines}}
+            "scaling": {"points": learned, "baselines": baselines}, "sweep_view": view}
+
+
+def label(runs: list[dict]) -> None:
+    """Each run's name on the page: its run_id, or its directory where run ids repeat (the
+    same sweep run into two runs directories)."""
+    seen = Counter(r["run_id"] for r in runs)
+    for r in runs:
+        r["label"] = r["run_id"] if seen[r["run_id"]] == 1 else r["run_dir"]
 
 
 def run_entry(root: Path, row: dict) -> dict:
     result = row["result"]
-    train = result.get("train") if isinstance(result.get("train"), dict) else {}
+    train = _dict(result.get("train"))
     return {
         "run_dir": row["run_dir"], "run_id": str(row["run_id"]), "status": str(row["status"]),
         "error": row["error"], "family": row["family"], "params": _num(row["params"]),
         "draft_ms_per_token": _num(draft_ms(result)), "acceptance_length": _num(row["acceptance_length"]),
         "acceptance_rate": _num(row["acceptance_rate"]), "per_position": [_num(x) for x in row["per_position"]],
-        "speedup": _num(row["speedup"]), "spec_tok_s": _num(row["spec_tok_s"]),
+        "speedup": _num(row["speedup"]), "speedup_ci": speedup_ci(row), "tied": bool(row.get("tied_with_leader")),
+        "spec_tok_s": _num(row["spec_tok_s"]),
         "baseline_tok_s": _num(row["baseline_tok_s"]), "checked_prompts": row["checked_prompts"],
         "mismatches": row["mismatches"], "train_steps": row["train_steps"], "final_loss": _num(row["final_loss"]),
+        "train_tokens": _num(train.get("tokens")), "wall_s": _num(result.get("wall_s")),
         "loss": thin(train.get("loss_history") or read_live_loss(root / row["run_dir"])),
         "events": events(train),
     }
 
 
-def live_entry(root: Path, run_dir: Path) -> dict:
-    """A job that started (Hydra wrote .hydra/) but has no result.json yet: running, or dead."""
-    rel = run_dir.relative_to(root).as_posix()
-    dead = gone(run_dir)
-    return {"run_dir": rel, "run_id": rel, "status": "dead" if dead else "running", "error": dead,
-            "family": None, "params": None,
-            "draft_ms_per_token": None, "acceptance_length": None, "acceptance_rate": None, "per_position": [],
-            "speedup": None, "spec_tok_s": None, "baseline_tok_s": None, "checked_prompts": None,
-            "mismatches": None, "train_steps": None, "final_loss": None,
-            "loss": thin(read_live_loss(run_dir)), "events": []}
-
-
-def gone(run_dir: Path) -> str | None:
-    """Why a run without result.json is dead (its recorded process no longer exists), or None.
-
-    Only a process of this machine can be checked; one on another node (a SLURM job) is
-    taken as running, since its pid means nothing here.
-    """
-    try:
-        owner = json.loads((run_dir / PROCESS_FILE).read_text())
-        pid, host = int(owner["pid"]), str(owner["host"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if host != socket.gethostname():
-        return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return f"its process {pid} ended without writing {RESULT_FILE} (killed)"
-    except PermissionError:  # alive, another user's
-        return None
+def speedup_ci(row: dict) -> list[float] | None:
+    """[lo, hi] of the speedup: the row's own interval where the results table gives one
+    (`speedup_ci`), else the run's bootstrap interval (result.json ci.speedup_total)."""
+    ci = row.get("speedup_ci")
+    if ci is None:
+        ci = _dict(row["result"].get("ci")).get("speedup_total")
+    if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_num(v) is not None for v in ci):
+        return [float(ci[0]), float(ci[1])]
     return None
+
+
+def _dict(value: Any) -> dict:
+    return value if isinstance(value, dict) else {}
 
 
 def draft_ms(result: dict) -> Any:
@@ -112,55 +101,14 @@ def events(train: dict) -> list[dict]:
     return out
 
 
-def read_live_loss(run_dir: Path) -> list[float]:
-    """train/loss per logged step from Lightning's CSV log (a run still training)."""
-    path = run_dir / METRICS_CSV
-    if not path.is_file():
-        return []
-    try:
-        with path.open(newline="") as f:
-            return [float(r["train/loss"]) for r in csv.DictReader(f) if r.get("train/loss")]
-    except (OSError, ValueError, KeyError, csv.Error):
-        return []
-
-
-def running_dirs(root: Path) -> list[Path]:
-    if not root.is_dir():
-        return []
-    done = set(find_run_dirs(root))
-    started = (p.parent for p in root.rglob(".hydra") if p.is_dir())
-    return sorted(d for d in started if d not in done and not (d / RESUMED_FILE).exists())
-
-
-def sweeps(root: Path) -> list[dict]:
-    """Progress of every sweep (a directory holding multirun.yaml) and its halving decisions."""
-    out = []
-    found = {m.parent for name in SWEEP_FILES for m in root.rglob(name)} if root.is_dir() else set()
-    for sweep in sorted(found):
-        jobs = [d for d in sweep.iterdir() if (d / ".hydra").is_dir()]
-        statuses = [_status(d) for d in jobs]
-        entry = {"sweep_dir": sweep.relative_to(root).as_posix(), "jobs": len(jobs),
-                 **{s: statuses.count(s) for s in ("completed", "failed", "running", "resumed")}, "halving": None}
-        entry["halving"], entry["halving_error"] = read_decisions(sweep / DECISIONS_FILE)
-        out.append(entry)
-    return out
-
-
-def _status(job: Path) -> str:
-    if (job / RESULT_FILE).is_file():
-        try:
-            result = json.loads((job / RESULT_FILE).read_text())
-        except (OSError, ValueError):
-            return "failed"
-        return "completed" if result_problem(result) is None and result["status"] == "completed" else "failed"
-    if (job / RESUMED_FILE).is_file():
-        return "resumed"
-    return "failed" if gone(job) else "running"  # a dead job will never finish: it counts as failed
-
-
 def thin(values: list) -> list[list[float]]:
+    """[[step, loss], ...] of a loss per step, at most MAX_CURVE_POINTS of them."""
+    return thin_points([[i, v] for i, v in enumerate(values)])
+
+
+def thin_points(points: list) -> list[list[float]]:
     """[[step, loss], ...] with at most MAX_CURVE_POINTS points (every n-th, the last kept)."""
-    points = [[i, v] for i, v in enumerate(values) if _num(v) is not None]
+    points = [[x, v] for x, v in points if _num(v) is not None]
     if len(points) <= MAX_CURVE_POINTS:
         return points
     stride = math.ceil(len(points) / MAX_CURVE_POINTS)

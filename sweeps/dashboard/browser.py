@@ -1,4 +1,4 @@
-"""Headless Chromium over the DevTools protocol (CDP), for the dashboard test.
+"""Headless Chromium over the DevTools protocol (CDP): the dashboard test and its screenshots.
 
 Debian's `chromium` (apt) is started with --remote-debugging-port; websocket-client speaks
 CDP to one page target. No browser download, no network.
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -24,12 +23,12 @@ def find_chromium() -> str | None:
 
 
 class Browser:
-    def __init__(self, executable: str):
+    def __init__(self, executable: str, width: int = 1400, height: int = 1300):
         self.profile = tempfile.mkdtemp(prefix="speclab-chromium-")
         self.proc = subprocess.Popen(
-            [executable, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-extensions",
+            [executable, "--headless", "--no-sandbox", "--use-angle=swiftshader", "--enable-unsafe-swiftshader", "--no-first-run", "--disable-extensions",
              "--remote-debugging-port=0", "--remote-allow-origins=*", f"--user-data-dir={self.profile}",
-             "--window-size=1400,1300", "about:blank"],
+             f"--window-size={width},{height}", "about:blank"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         port = self._devtools_port()
         pages = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=30).read())
@@ -107,10 +106,3 @@ class Browser:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
             shutil.rmtree(self.profile, ignore_errors=True)
-
-
-def artifacts_dir() -> str:
-    """Where test artefacts go: $SPECLAB_TEST_ARTIFACTS, else artifacts/ at the repo root."""
-    root = os.environ.get("SPECLAB_TEST_ARTIFACTS") or os.path.join(os.path.dirname(__file__), "..", "..", "artifacts")
-    os.makedirs(root, exist_ok=True)
-    return os.path.abspath(root)
