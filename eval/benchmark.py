@@ -232,8 +232,9 @@ def by_category(results: list[PromptResult], k: int) -> dict:
         acceptance = AcceptanceStats(k)
         for result in members:
             acceptance.merge(result.acceptance)
-        figures = [figures_of(r.to_dict()) for r in members]
-        out[category] = {"prompts": len(members), "speedup": float(speedup(np.asarray(figures))),
+        figures = [f for f in (figures_of(r.to_dict()) for r in members) if f is not None]  # timed prompts
+        out[category] = {"prompts": len(members),
+                         "speedup": float(speedup(np.asarray(figures))) if figures else None,
                          "speedup_ci": speedup_interval(figures),
                          "acceptance_length": acceptance.mean_acceptance_length,
                          "acceptance_rate": acceptance.acceptance_rate}
