@@ -1,9 +1,9 @@
 """`speclab bench`: side-by-side throughput against peers, one process, one target.
 
     speclab bench --speculator RUN_OR_CKPT [--speculator ...] [--assistant DRAFT_LM_CKPT]
-                  [--prompts FILE ...] [--heldout FILE_OR_DATA_DIR] [--humaneval] [--limit N]
+                  [--prompts FILE ...] [--set NAME ...] [--heldout FILE_OR_DATA_DIR] [--humaneval] [--limit N]
                   [--max-new-tokens N] [--k K] [--tree static|dynamic|union ...]
-                  [--temperature T --top-p P --top-k K --seed S] [--json OUT] [target.KEY=VALUE ...]
+                  [--temperature T --top-p P --top-k K --seed S] [--repeat N] [--json OUT] [target.KEY=VALUE ...]
 
 Methods, alternated prompt by prompt on the same prompts and max new tokens: the project's
 plain decoding (the baseline), transformers' `generate`, transformers' assisted generation
@@ -36,6 +36,9 @@ def add_parser(commands) -> argparse.ArgumentParser:
     bench.add_argument("--heldout", type=Path, default=None, metavar="PATH",
                        help="the held-out split of the training data: heldout.jsonl or its data cache directory")
     bench.add_argument("--humaneval", action="store_true", help=SETS_HELP)
+    bench.add_argument("--set", dest="sets", action="append", default=[], metavar="NAME",
+                       help="a built-in prompt set (repeatable; eval/task_sets.py): general, long_context, math, "
+                            "chat, tasks")
     bench.add_argument("--limit", type=int, default=None, help="at most this many prompts per set")
     bench.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt, every method")
     bench.add_argument("--k", type=int, default=4, help="draft tokens per step (chain), the tree budget too")
@@ -83,10 +86,13 @@ def check_args(args: argparse.Namespace) -> None:
 def prompt_sets(args: argparse.Namespace) -> dict[str, list[dict]]:
     """Set name -> prompt items, each cut to --limit."""
     from speclab.eval.prompts import humaneval_prompts, load_prompts
+    from speclab.eval.task_sets import builtin_set
 
     sets: dict[str, list[dict]] = {}
-    if args.humaneval or not (args.prompts or args.heldout):
+    if args.humaneval or not (args.prompts or args.heldout or args.sets):
         sets["humaneval"] = humaneval_prompts(args.limit)
+    for name in args.sets:
+        sets[name] = builtin_set(name, args.limit)
     if args.heldout:
         path = args.heldout / "heldout.jsonl" if args.heldout.is_dir() else args.heldout
         sets["heldout"] = load_prompts(path)[: args.limit]

@@ -87,7 +87,8 @@ def test_bench_mistakes_exit_2(argv, message, capsys):
 
 
 def test_bench_marks_the_leader_and_repeats_its_scoring(checkpoints, tmp_path, capsys):
-    report = run_bench(checkpoints, tmp_path, "--no-peers", "--limit", "2", "--repeat", "2")
+    report = run_bench(checkpoints, tmp_path, "--no-peers", "--limit", "2", "--repeat", "2", "--set", "math")
+    assert report["config"]["sets"] == {"math": 2, "prompts": 2} and set(report["sets"]) == {"math", "prompts"}
     methods = report["overall"]
     contenders = [name for name in methods if name != "plain"]
     assert sum(methods[name]["leader"] for name in contenders) == 1 and not methods["plain"]["leader"]
