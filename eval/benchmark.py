@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 from tqdm import tqdm
@@ -23,10 +24,12 @@ from speclab.speculator.target import FrozenTarget
 from .engine import Generation, effective_draft_len, generate_plain, generate_speculative
 from .lossless import classify, tie_tolerance
 from .metrics import AcceptanceStats, RequestRecord, acceptance_conventions, bootstrap_ci, speedups, timing
+from .paired import figures_of, prompt_key, speedup, speedup_interval
 from .sampling import SamplingConfig
 from .tree import TreeConfig, generate_tree
 
 WARMUP_TOKENS = 8  # an untimed warm-up only needs to touch every code path once
+DEFAULT_CATEGORY = "uncategorized"  # a prompt whose item names no category
 
 
 @dataclass
@@ -39,6 +42,9 @@ class PromptResult:
 
     exact: bool = True  # greedy: outputs must match token for token; sampling: they may differ
     divergence: dict | None = None  # greedy outputs that differ: lossless.classify's verdict
+    index: int = 0  # the prompt's place in the scored set
+    category: str = DEFAULT_CATEGORY  # the kind of task (eval/task_sets.py)
+    key: str = ""  # a digest of the prompt's ids, which pairs it across runs (eval/paired.py)
 
     @property
     def lossless(self) -> bool | None:
@@ -48,9 +54,16 @@ class PromptResult:
         return self.divergence is None or self.divergence["verdict"] == "tie"
 
     def to_dict(self) -> dict:
+        # The tokens and seconds of both methods are what paired comparisons resample (eval/paired.py).
         return {
+            "index": self.index,
+            "category": self.category,
+            "key": self.key,
             "prompt_tokens": self.prompt_tokens,
             "new_tokens": self.plain.new_tokens,
+            "plain_seconds": self.plain.seconds,
+            "spec_new_tokens": self.speculative.new_tokens,
+            "spec_seconds": self.speculative.seconds,
             "baseline_tok_s": self.plain.new_tokens / self.plain.seconds,
             "spec_tok_s": self.speculative.new_tokens / self.speculative.seconds,
             "mean_acceptance_length": self.acceptance.mean_acceptance_length,
@@ -70,6 +83,7 @@ def score(
     peer: bool = False,
     sampling: SamplingConfig | None = None,
     tree: TreeConfig | None = None,
+    categories: list[str] | None = None,
 ) -> dict:
     """The acceptance, throughput and lossless blocks of result.json, plus per-prompt rows,
     and the `timing`, `conventions` and `ci` blocks (metrics.py).
@@ -78,10 +92,13 @@ def score(
     throughput gains `hf_generate_tok_s` and `plain_vs_hf` (the project's plain decoding
     over transformers'). `sampling` decodes both methods by seeded sampling (then the
     lossless check cannot compare tokens: it reports checked_prompts 0); `tree` drafts a
-    tree of that shape instead of a chain of k (k becomes the tree's depth).
+    tree of that shape instead of a chain of k (k becomes the tree's depth). `categories`
+    names each prompt's kind of task (per-prompt records and `by_category`).
     """
     if not prompts:
         raise ValueError("score needs at least one prompt")
+    if categories is not None and len(categories) != len(prompts):
+        raise ValueError(f"score got {len(categories)} categories for {len(prompts)} prompts")
     k = effective_draft_len(speculator, tree.depth if tree else k)
     if tree is not None:
         tree = TreeConfig(tree.shape, k, tree.top_k, tree.budget)
@@ -95,6 +112,9 @@ def score(
             _score_prompt(run, prompt, rotation=i, peer=peer)
             for i, prompt in enumerate(tqdm(prompts, desc="score", unit="prompt", disable=not progress))
         ]
+    for i, (result, prompt) in enumerate(zip(results, prompts)):
+        result.index, result.key = i, prompt_key(prompt[0].tolist())
+        result.category = (categories[i] if categories else None) or DEFAULT_CATEGORY
     summary = _summarise(results, k, tie_tolerance(target))
     # How the drafts ran, which their timings depend on: linears on the native GEMM, packed in the
     # dtype the drafting ops chose (fast_linear.DraftingOps), else as the speculator holds them.
@@ -196,8 +216,29 @@ def _summarise(results: list[PromptResult], k: int, tolerance: float) -> dict:
         "conventions": acceptance_conventions(spec_records, k),
         "ci": bootstrap_ci(spec_records, plain_records),
         "per_prompt": [r.to_dict() for r in results],
+        "by_category": by_category(results, k),
         "outputs": [r.plain.tokens for r in results],  # plain decoding's tokens per prompt (contamination.py)
     }
+
+
+def by_category(results: list[PromptResult], k: int) -> dict:
+    """Per kind of task: prompts, speedup with its interval over the category's prompts
+    (eval/paired.py), acceptance length and rate: result.json's `by_category`."""
+    groups: dict[str, list[PromptResult]] = {}
+    for result in results:
+        groups.setdefault(result.category, []).append(result)
+    out = {}
+    for category, members in groups.items():
+        acceptance = AcceptanceStats(k)
+        for result in members:
+            acceptance.merge(result.acceptance)
+        figures = [f for f in (figures_of(r.to_dict()) for r in members) if f is not None]  # timed prompts
+        out[category] = {"prompts": len(members),
+                         "speedup": float(speedup(np.asarray(figures))) if figures else None,
+                         "speedup_ci": speedup_interval(figures),
+                         "acceptance_length": acceptance.mean_acceptance_length,
+                         "acceptance_rate": acceptance.acceptance_rate}
+    return out
 
 
 def _warm_up(run: _Runner, prompt: torch.Tensor, peer: bool = False) -> None:

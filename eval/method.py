@@ -19,7 +19,9 @@ little more than one; a CPU pays nearly per token).
    budget (at least the longest of `chain_k` + 2), its chains as long as the longest of `chain_k`,
    and a compact union: chains as deep as the sized tree, two nodes more than that depth.
 3. A pilot: every candidate (chains at each k of `chain_k`, the sized tree) decodes the
-   first `pilot_prompts` prompts for `pilot_tokens` tokens, in two rounds (the candidates
+   first `pilot_prompts` prompts of the pilot split (`pilot_set`, eval/task_sets.py: prompts
+   no scored set holds, so the choice is not made on the prompts it is then scored on) for
+   `pilot_tokens` tokens, in two rounds (the candidates
    in order, then in reverse, so drift in the host's speed favours none), drafting exactly
    as the score then drafts, timed by tokens per second of decoding (drafting +
    verification; the prefill, the same for every candidate, is left out). Plain decoding
@@ -82,7 +84,15 @@ class MethodConfig:
     cost_cache: bool = True
     """Reuse the curve measured earlier for this target on this machine (false: measure every run)."""
     pilot_prompts: int = 2
-    """Prompts the candidates decode in the pilot (the first of the eval set)."""
+    """Prompts the candidates decode in the pilot (the first of `pilot_set`)."""
+    pilot_set: str = "pilot"
+    """The built-in prompt set the pilot decodes (eval/task_sets.py): HumanEval's last tasks
+    and one prompt of each built-in kind, held out of every scored set."""
+    tuned_on: str = "humaneval[0:16]"
+    """The prompts this config's knobs (chain_k, cost_slack, tie, pilot_tokens) were tuned on:
+    the data-scaling study's 16 HumanEval prompts. A figure on those prompts is one the knobs
+    were chosen for; the sweeps' `eval.heldout_set` is scored on prompts nothing was tuned on.
+    Recorded in result.json's `method` block."""
     pilot_tokens: int = 64
     """New tokens per pilot prompt."""
     tie: float = 0.05
@@ -202,13 +212,16 @@ def _decoding_rate(generations: list) -> dict:
 def choose(target: FrozenTarget, speculator: Speculator, prompts: list[torch.Tensor], cfg: MethodConfig,
            max_new_tokens: int | None = None) -> dict:
     """result.json's `method` block: the cost curve, every candidate's pilot figures, the
-    choice. The pilot decodes at most max_new_tokens (the eval's own budget) per prompt."""
+    choice. `prompts` are the pilot split's (the caller encodes `cfg.pilot_set`, never the
+    scored prompts); the pilot decodes at most max_new_tokens (the eval's own budget) per prompt."""
     cost, source = cost_curve(target, prompts[0], cfg)
     methods = candidates(speculator, cfg, tree_for(cost, cfg, speculator))
     tokens = min(cfg.pilot_tokens, max_new_tokens or cfg.pilot_tokens)
     tried = pilot(target, speculator, prompts[: cfg.pilot_prompts], methods, tokens)
     return {"verify_cost_ms": {str(n): ms for n, ms in cost.items()}, "verify_cost_source": source,
-            "pilot": {"prompts": min(cfg.pilot_prompts, len(prompts)), "max_new_tokens": tokens, "tie": cfg.tie},
+            "pilot": {"prompts": min(cfg.pilot_prompts, len(prompts)), "max_new_tokens": tokens, "tie": cfg.tie,
+                      "set": cfg.pilot_set},
+            "tuned_on": cfg.tuned_on,
             "candidates": tried,
             "fastest": method_of(max(_timed(tried), key=_speed)),
             "chosen": method_of(pick(tried, cfg.tie))}

@@ -25,6 +25,7 @@ from speclab.speculator.target import FrozenTarget
 
 from .engine import Generation
 from .metrics import RequestRecord, acceptance_conventions, bootstrap_ci, speedups, timing, tokens_per_pass
+from .paired import verdict
 from .sampling import SamplingConfig
 
 Method = Callable[[torch.Tensor], Generation]
@@ -117,7 +118,9 @@ def summarise(
     """Per method: tok/s, both speedups over the baseline with bootstrap CIs, acceptance
     length, efficiency, the lossless check (exact token match with the baseline when greedy),
     and for the project's speculators the timing and acceptance conventions. `indices`
-    restricts to a subset of prompts (a set or a category)."""
+    restricts to a subset of prompts (a set or a category). Of the methods other than the
+    baseline, the fastest is marked `leader` and every other `tied_with_leader` where the
+    paired interval of its speedup over the leader's contains 1 (eval/paired.py)."""
     pick = (lambda gens: [gens[i] for i in indices]) if indices is not None else (lambda gens: gens)
     base_gens = pick(runs[baseline].generations)
     base = MethodRun(base_gens).records()
@@ -127,12 +130,16 @@ def summarise(
         records = MethodRun(gens).records()
         length = tokens_per_pass(records)
         speed = speedups(records, base)
+        ci = bootstrap_ci(records, base, resamples=resamples)
         row = {
             "tok_s": sum(r.new_tokens for r in records) / sum(r.seconds for r in records),
             **speed,
+            "speedup_ci": ci["speedup_total"],
             "acceptance_length": length,
             "efficiency": speed["speedup_total"] / length,
-            "ci": bootstrap_ci(records, base, resamples=resamples),
+            "ci": ci,
+            "figures": {str(i): (m.new_tokens, m.seconds, b.new_tokens, b.seconds)
+                        for i, (m, b) in enumerate(zip(records, base))},
             "lossless": {"checked_prompts": len(gens) if exact else 0,
                          "mismatches": sum(g.tokens != b.tokens for g, b in zip(gens, base_gens)) if exact else 0},
             "new_tokens": sum(g.new_tokens for g in gens),
@@ -142,4 +149,19 @@ def summarise(
             row["timing"] = timing(records)
             row["conventions"] = acceptance_conventions(records, (ks or {}).get(name, max(max(g.accepted) for g in gens if g.accepted)))
         out[name] = row
-    return out
+    return mark_ties(out, baseline)
+
+
+def mark_ties(rows: dict[str, dict], baseline: str) -> dict[str, dict]:
+    """`leader` and `tied_with_leader` over the methods other than the baseline, each judged
+    against the leader by paired prompts (all methods decoded the same prompts); the
+    per-prompt `figures` they were judged by are dropped from the rows."""
+    figures = {name: row.pop("figures") for name, row in rows.items()}
+    contenders = [name for name in rows if name != baseline]
+    top = max(contenders, key=lambda name: rows[name]["speedup_total"], default=None)
+    for name, row in rows.items():
+        row["leader"], row["tied_with_leader"] = name == top, False
+        if name in contenders and name != top:
+            found = verdict(figures[name], row["speedup_ci"], figures[top], rows[top]["speedup_ci"])
+            row["tied_with_leader"] = bool(found and found["tied"])
+    return rows

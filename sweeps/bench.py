@@ -1,9 +1,9 @@
 """`speclab bench`: side-by-side throughput against peers, one process, one target.
 
     speclab bench --speculator RUN_OR_CKPT [--speculator ...] [--assistant DRAFT_LM_CKPT]
-                  [--prompts FILE ...] [--heldout FILE_OR_DATA_DIR] [--humaneval] [--limit N]
+                  [--prompts FILE ...] [--set NAME ...] [--heldout FILE_OR_DATA_DIR] [--humaneval] [--limit N]
                   [--max-new-tokens N] [--k K] [--tree static|dynamic|union ...]
-                  [--temperature T --top-p P --top-k K --seed S] [--json OUT] [target.KEY=VALUE ...]
+                  [--temperature T --top-p P --top-k K --seed S] [--repeat N] [--json OUT] [target.KEY=VALUE ...]
 
 Methods, alternated prompt by prompt on the same prompts and max new tokens: the project's
 plain decoding (the baseline), transformers' `generate`, transformers' assisted generation
@@ -36,6 +36,9 @@ def add_parser(commands) -> argparse.ArgumentParser:
     bench.add_argument("--heldout", type=Path, default=None, metavar="PATH",
                        help="the held-out split of the training data: heldout.jsonl or its data cache directory")
     bench.add_argument("--humaneval", action="store_true", help=SETS_HELP)
+    bench.add_argument("--set", dest="sets", action="append", default=[], metavar="NAME",
+                       help="a built-in prompt set (repeatable; eval/task_sets.py): general, long_context, math, "
+                            "chat, tasks")
     bench.add_argument("--limit", type=int, default=None, help="at most this many prompts per set")
     bench.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt, every method")
     bench.add_argument("--k", type=int, default=4, help="draft tokens per step (chain), the tree budget too")
@@ -51,6 +54,8 @@ def add_parser(commands) -> argparse.ArgumentParser:
     bench.add_argument("--drafts", choices=("argmax", "sample"), default="argmax",
                        help="sampling only: chain drafts by argmax (q one-hot) or drawn from the draft's distribution")
     bench.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    bench.add_argument("--repeat", type=int, default=1, metavar="N",
+                       help="score N times in this process: each method's median speedup and the range of the N")
     bench.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples for the intervals")
     bench.add_argument("--json", dest="json_out", type=Path, default=None, metavar="OUT", help="write the report here")
     bench.add_argument("--no-chat-template", dest="chat_template", action="store_false",
@@ -70,6 +75,7 @@ def check_args(args: argparse.Namespace) -> None:
     if paths:
         raise ValueError(f"{paths} are paths, not target.KEY=VALUE changes: give each speculator its own --speculator")
     for option, value in (("--k", args.k), ("--max-new-tokens", args.max_new_tokens), ("--limit", args.limit),
+                          ("--repeat", args.repeat),
                           ("--tree-depth", args.tree_depth), ("--tree-top-k", args.tree_top_k)):
         if value is not None and value < 1:
             raise ValueError(f"{option} must be at least 1, got {value}")
@@ -80,10 +86,13 @@ def check_args(args: argparse.Namespace) -> None:
 def prompt_sets(args: argparse.Namespace) -> dict[str, list[dict]]:
     """Set name -> prompt items, each cut to --limit."""
     from speclab.eval.prompts import humaneval_prompts, load_prompts
+    from speclab.eval.task_sets import builtin_set
 
     sets: dict[str, list[dict]] = {}
-    if args.humaneval or not (args.prompts or args.heldout):
+    if args.humaneval or not (args.prompts or args.heldout or args.sets):
         sets["humaneval"] = humaneval_prompts(args.limit)
+    for name in args.sets:
+        sets[name] = builtin_set(name, args.limit)
     if args.heldout:
         path = args.heldout / "heldout.jsonl" if args.heldout.is_dir() else args.heldout
         sets["heldout"] = load_prompts(path)[: args.limit]
@@ -128,12 +137,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
                    for item in items]
     methods, ks = build_methods(target, speculators, assistant_dir, args, sampling)
     report = run_bench(methods, ks, encoded, items, sets, sampling, args.resamples)
+    if args.repeat > 1:  # the tables stay the first scoring's; `repeats` holds every scoring's speedups
+        again = [run_bench(methods, ks, encoded, items, sets, sampling, args.resamples) for _ in range(args.repeat - 1)]
+        report["repeats"] = repeats([report, *again])
     report["config"] = {
         "target_config": target_config, "speculators": {n: str(p) for n, (p, _) in speculators.items()},
         "assistant": str(assistant_dir) if assistant_dir else None, "k": args.k, "tree": args.tree,
         "tree_depth": args.tree_depth or args.k, "tree_top_k": args.tree_top_k, "max_new_tokens": args.max_new_tokens,
         "sampling": vars(sampling), "threads": torch.get_num_threads(), "limit": args.limit,
-        "sets": {name: len(prompts) for name, prompts in sets.items()},
+        "sets": {name: len(prompts) for name, prompts in sets.items()}, "repeat": args.repeat,
     }
     print(format_report(report))
     if args.json_out:
@@ -212,6 +224,19 @@ def run_bench(methods, ks, encoded, items, sets, sampling, resamples: int) -> di
     return report
 
 
+def repeats(reports: list[dict]) -> dict:
+    """Per method, its overall speedup in each scoring: median and range (eval/paired.py)."""
+    from speclab.eval.paired import median_and_range
+
+    return {name: median_and_range([r["overall"][name]["speedup_total"] for r in reports])
+            for name in reports[0]["overall"]}
+
+
+def standing(row: dict) -> str:
+    """'leader', 'tied' (the paired interval does not separate it from the leader) or ''."""
+    return "leader" if row.get("leader") else "tied" if row.get("tied_with_leader") else ""
+
+
 def format_report(report: dict) -> str:
     lines = []
     cfg = report.get("config", {})
@@ -225,7 +250,7 @@ def format_report(report: dict) -> str:
     for title, methods in blocks:
         lines.append(f"\n{title}")
         lines.append(f"{'method':<28} {'tok/s':>7} {'95% CI':>15} {'speedup':>8} {'95% CI':>13} "
-                     f"{'specbench':>9} {'acc len':>7} {'effic.':>6} {'draft ms/tok':>12} {'lossless':>8}")
+                     f"{'specbench':>9} {'acc len':>7} {'effic.':>6} {'draft ms/tok':>12} {'lossless':>8} vs leader")
         for name, row in methods.items():
             ci = row["ci"]
             draft_ms = (row.get("timing") or {}).get("draft_ms_per_token")
@@ -233,7 +258,13 @@ def format_report(report: dict) -> str:
                 f"{name:<28} {row['tok_s']:>7.1f} {_interval(ci['tok_s'], '.1f'):>15} "
                 f"{row['speedup_total']:>7.2f}x {_interval(ci['speedup_total'], '.2f'):>13} "
                 f"{row['speedup_specbench']:>8.2f}x {row['acceptance_length']:>7.2f} {row['efficiency']:>6.2f} "
-                f"{format_number(draft_ms, '.3f'):>12} {format_lossless(row['lossless']):>8}")
+                f"{format_number(draft_ms, '.3f'):>12} {format_lossless(row['lossless']):>8} {standing(row)}".rstrip())
+    if report.get("repeats"):
+        runs = len(next(iter(report["repeats"].values()))["values"])
+        lines.append(f"\noverall speedup over {runs} scorings in this process: median (range)")
+        for name, found in report["repeats"].items():
+            lo, hi = found["interval"]
+            lines.append(f"{name:<28} {found['median']:>7.2f}x ({lo:.2f}-{hi:.2f})")
     return "\n".join(lines)
 
 

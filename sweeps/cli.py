@@ -1,7 +1,7 @@
 """The `speclab` command line (its use: docs/guide.md).
 
     speclab train [HYDRA OVERRIDES]      one experiment (Hydra; -m for a multirun)
-    speclab runs [--runs DIR] [--json]   the results table
+    speclab runs [--runs DIR] [--json] [--by-category]   the results table
     speclab eval CKPT [--prompts FILE] [--json OUT] [target.KEY=VALUE ...]
     speclab export --best --metric speedup --out DIR [--runs DIR]
     speclab bench --speculator DIR [--assistant DIR] [--prompts FILE] [...]   peers side by side (bench.py)
@@ -28,7 +28,8 @@ from . import bench, doctor
 from .errors import USAGE_ERROR, CliError, user_errors
 from .run_rows import METRICS, load_rows
 from .results import find_speculator_checkpoint, write_json_atomic
-from .table import format_lossless, format_number, format_per_position, format_speedup, format_table
+from .table import (format_categories, format_interval, format_lossless, format_number, format_per_position,
+                    format_speedup, format_table)
 from .target_spec import recorded_target
 
 DEFAULT_RUNS_DIR = "runs"
@@ -52,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     runs = commands.add_parser("runs", help="the results table")
     runs.add_argument("--runs", default=DEFAULT_RUNS_DIR, help="directory holding the run directories")
     runs.add_argument("--json", action="store_true", help="print the runs as JSON instead of a table")
+    runs.add_argument("--by-category", action="store_true",
+                      help="one line per run and kind of task: speedup and acceptance by category")
 
     export = commands.add_parser("export", help="export the best run's speculator")
     export.add_argument("--best", action="store_true", required=True, help="export the best run")
@@ -62,7 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     ev = commands.add_parser("eval", help="score a checkpoint: acceptance, tok/s, lossless check")
     ev.add_argument("checkpoint", type=Path, help="speculator checkpoint, run or export directory")
-    ev.add_argument("--prompts", type=Path, help="JSONL prompts file (default: HumanEval)")
+    ev.add_argument("--prompts", type=Path, help="JSONL prompts file: {\"prompt\": str} or {\"messages\": [...]} "
+                                                 "a line, with a \"category\" (default: the file's name)")
+    ev.add_argument("--set", dest="sets", action="append", default=[], metavar="NAME",
+                    help="a built-in prompt set (repeatable): humaneval, general, long_context, math, chat, tasks "
+                         "(default, with no --prompts: humaneval)")
+    ev.add_argument("--repeat", type=int, default=1, metavar="N",
+                    help="score N times in this process: the median speedup and the range of the N")
     ev.add_argument("--json", type=Path, dest="json_out", help="also write the report to this JSON file")
     ev.add_argument("--k", type=int, default=None,
                     help="draft a chain of K tokens a step (default: the method the run or export was scored with)")
@@ -135,17 +144,23 @@ def cmd_runs(args: argparse.Namespace) -> int:
         raise CliError(f"no runs under {args.runs} (no result.json found)")
     if args.json:
         print(json.dumps(rows, indent=2))
+    elif args.by_category:
+        print(format_categories(rows))
     else:
         print(format_table(rows))
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from .export import export_best  # imports torch: only when exporting
+    from .export import export_best, tie_line  # imports torch: only when exporting
+    from .results import EXPORT_MANIFEST
 
     with user_errors():
         out = export_best(args.runs, args.out, args.metric)
     print(f"exported the best run by {args.metric} to {out}")
+    tie = json.loads((out / EXPORT_MANIFEST).read_text()).get("tie")
+    if tie:
+        print(tie_line(tie))
     return 0
 
 
@@ -166,37 +181,51 @@ def cmd_eval(args: argparse.Namespace) -> int:
         method = eval_method(args.checkpoint, checkpoint, args.k)
         target_spec = recorded_target(checkpoint, args.overrides)  # plain data, schema-checked
         target_config = target_spec.as_config()
-        prompts = eval_prompts(args.prompts, args.limit)
+        prompts = eval_prompts(args.prompts, args.limit, args.sets)
         doctor.prepare_machine(target_config)  # what the target's build reads, measured where not recorded
         target = target_spec.build()
         speculator = load_checkpoint(checkpoint, TargetInfo.of(target))  # speclab or an export layout
         encoded = [encode_prompt(target.tokenizer, item, chat_template=args.chat_template).to(target.device)
                    for item in prompts]  # each [1, T]
     speculator = speculator.to(device=target.device, dtype=target.compute_dtype)
-    report = score(target, speculator, encoded, args.max_new_tokens, method.k, peer=args.peer, tree=method.tree)
+    categories = [item.get("category") or "uncategorized" for item in prompts]
+    scorings = [score(target, speculator, encoded, args.max_new_tokens, method.k, peer=args.peer, tree=method.tree,
+                      categories=categories) for _ in range(args.repeat)]
+    report = scorings[0]  # the figures printed in full; `repeats` holds every scoring's speedup
+    if args.repeat > 1:
+        from speclab.eval.paired import median_and_range
+
+        report["repeats"] = median_and_range([s["throughput"]["speedup"] for s in scorings])
     print(eval_summary(report, checkpoint, target.name, len(prompts), args, method.describe()))
     if args.json_out:
         write_json_atomic(args.json_out, {
             "checkpoint": str(checkpoint), "target_config": target_config, "k": method.k,
             "method": method.as_json(),
-            "max_new_tokens": args.max_new_tokens, "prompts": str(args.prompts or "humaneval"),
+            "max_new_tokens": args.max_new_tokens,
+            "prompts": str(args.prompts) if args.prompts else ",".join(args.sets or ["humaneval"]),
             "num_prompts": len(prompts), **report,
         })
     return 0
 
 
 def check_eval_args(args: argparse.Namespace) -> None:
-    for option, value in (("--k", args.k), ("--max-new-tokens", args.max_new_tokens), ("--limit", args.limit)):
+    for option, value in (("--k", args.k), ("--max-new-tokens", args.max_new_tokens), ("--limit", args.limit),
+                          ("--repeat", args.repeat)):
         if value is not None and value < 1:
             raise ValueError(f"{option} must be at least 1, got {value}")
     if args.json_out and not args.json_out.parent.is_dir():
         raise FileNotFoundError(f"--json {args.json_out}: directory {args.json_out.parent} does not exist")
 
 
-def eval_prompts(path: Path | None, limit: int | None) -> list[dict]:
-    from speclab.eval.prompts import humaneval_prompts, load_prompts
+def eval_prompts(path: Path | None, limit: int | None, sets: Sequence[str] = ()) -> list[dict]:
+    """--prompts FILE (each line's category, else the file's name) and each --set, each cut
+    to --limit; HumanEval when neither is given."""
+    from speclab.eval.prompts import load_prompts
+    from speclab.eval.task_sets import builtin_set
 
-    prompts = load_prompts(path)[:limit] if path else humaneval_prompts(limit=limit)
+    prompts = [{"category": path.stem, **item} for item in load_prompts(path)[:limit]] if path else []
+    for name in sets or ([] if path else ["humaneval"]):
+        prompts += builtin_set(name, limit)
     if not prompts:
         raise ValueError(f"no prompts in {path}")
     return prompts
@@ -213,7 +242,15 @@ def eval_summary(report: dict, checkpoint: Path, target_name: str, num_prompts: 
         f"rate {format_number(acc.get('acceptance_rate'))}, "
         f"per position {format_per_position(acc.get('per_position'))}",
         f"tok/s {format_number(thr.get('spec_tok_s'), '.1f')} speculative vs "
-        f"{format_number(thr.get('baseline_tok_s'), '.1f')} plain = {format_speedup(thr.get('speedup'))}",
+        f"{format_number(thr.get('baseline_tok_s'), '.1f')} plain = {format_speedup(thr.get('speedup'))}"
+        f" (95% interval {format_interval((report.get('ci') or {}).get('speedup_total'))})",
+        *([f"speedup over {len(report['repeats']['values'])} scorings in this process: median "
+           f"{format_speedup(report['repeats']['median'])}, range {format_interval(report['repeats']['interval'])}"]
+          if report.get("repeats") else []),
+        *[f"  {name}: {figures['prompts']} prompts, speedup {format_speedup(figures['speedup'])} "
+          f"({format_interval(figures.get('speedup_ci'))}), acceptance length "
+          f"{format_number(figures.get('acceptance_length'))}"
+          for name, figures in (report.get("by_category") or {}).items() if len(report["by_category"]) > 1],
         f"lossless: {format_lossless(lossless)} prompts identical to plain decoding",
         *([f"transformers generate {format_number(thr['hf_generate_tok_s'], '.1f')} tok/s; plain decoding is "
            f"{format_number(thr['plain_vs_hf'])}x its speed"] if "hf_generate_tok_s" in thr else []),

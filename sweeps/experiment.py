@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import os
 import random
@@ -19,6 +20,7 @@ from speclab.eval.benchmark import score
 from speclab.eval.contamination import contamination, first_over
 from speclab.eval.method import MethodConfig, choose, tree_of
 from speclab.eval.prompts import encode_prompt, humaneval_prompts, load_prompts
+from speclab.eval.task_sets import builtin_set
 from speclab.speculator.base import Speculator, TargetInfo
 from speclab.speculator.families import build_config, build_speculator, speculator_class
 from speclab.speculator.hybrid import HybridSpeculator
@@ -124,38 +126,92 @@ def train_attempt(config: dict, run_dir: str) -> dict:
 
 
 def eval_prompts(cfg: DictConfig, heldout: list[dict]) -> list[dict]:
-    """The eval sets named in cfg.eval: HumanEval, the held-out split, a user JSONL."""
+    """The eval sets named in cfg.eval: HumanEval, the held-out split, built-in sets
+    (eval/task_sets.py), a user JSONL; each item with a category (its own, else its source's).
+    Prompts of the pilot split (eval.method.pilot_set: choices are made on them) and of the
+    held-out set (eval.heldout_set: scored apart, for nothing else) are left out."""
     prompts: list[dict] = []
     if cfg.eval.humaneval_prompts:
         prompts += humaneval_prompts(None if cfg.eval.humaneval_prompts < 0 else cfg.eval.humaneval_prompts)
-    prompts += heldout[: cfg.eval.heldout_prompts]
+    prompts += [{"category": "heldout", **p} for p in heldout[: cfg.eval.heldout_prompts]]
+    for name in cfg.eval.get("sets") or []:
+        prompts += builtin_set(name)
     if cfg.eval.prompts_file:
-        prompts += load_prompts(cfg.eval.prompts_file)
-    if not prompts:
-        raise ValueError("no eval prompts: set eval.humaneval_prompts, eval.heldout_prompts or eval.prompts_file")
-    return prompts
+        prompts += [{"category": Path(cfg.eval.prompts_file).stem, **p} for p in load_prompts(cfg.eval.prompts_file)]
+    reserved = {_text(p) for p in pilot_items(cfg) + heldout_set_items(cfg)}
+    kept = [p for p in prompts if _text(p) not in reserved]
+    if len(kept) < len(prompts):
+        log.info("%d eval prompt(s) left out: they are in the pilot split or the held-out set", len(prompts) - len(kept))
+    if not kept:
+        raise ValueError("no eval prompts: set eval.humaneval_prompts, eval.heldout_prompts, eval.sets or "
+                         "eval.prompts_file")
+    return kept
+
+
+def pilot_items(cfg: DictConfig) -> list[dict]:
+    """The pilot split's prompts the method choice decodes ([] when the method is fixed)."""
+    method = cfg.eval.get("method")
+    if method is None or method.select != "best":
+        return []
+    return builtin_set(method.get("pilot_set", "pilot"), method.pilot_prompts)
+
+
+def heldout_set_items(cfg: DictConfig) -> list[dict]:
+    """eval.heldout_set's prompts, the pilot's left out ([] when none is named)."""
+    name = cfg.eval.get("heldout_set")
+    if not name:
+        return []
+    pilot = {_text(p) for p in pilot_items(cfg)}
+    return [p for p in builtin_set(name) if _text(p) not in pilot]
+
+
+def _text(item: dict) -> str:
+    return json.dumps(item.get("prompt", item.get("messages")), sort_keys=True)
 
 
 def evaluate(cfg: DictConfig, target: FrozenTarget, speculator: Speculator, prompts: list[dict]) -> dict:
-    """score() with the run's drafting method: a chain of eval.k, or the best of a pilot
-    (eval/method.py). A hybrid also scores its two parts alone on the same prompts, each
-    with its own best method (`parts`: where the hybrid beats both, and by how much)."""
-    encoded = [encode_prompt(target.tokenizer, p, chat_template=cfg.eval.chat_template) for p in prompts]
+    """score() with the run's drafting method: a chain of eval.k, or the best of a pilot on
+    the pilot split (eval/method.py). A hybrid also scores its two parts alone on the same
+    prompts, each with its own best method (`parts`: where the hybrid beats both, and by how
+    much). `eval.heldout_set` is then scored with the method chosen (`heldout_set`)."""
+    def encode(items: list[dict]) -> list[torch.Tensor]:
+        return [encode_prompt(target.tokenizer, p, chat_template=cfg.eval.chat_template) for p in items]
+
+    encoded, pilot = encode(prompts), encode(pilot_items(cfg))
+    categories = [p.get("category") or "uncategorized" for p in prompts]
     method = MethodConfig(**OmegaConf.to_container(cfg.eval.method, resolve=True)) \
         if "method" in cfg.eval else MethodConfig(select="fixed")
-    scored = {**_score_with(cfg, target, speculator, encoded, method), "prompt_ids": [e[0].tolist() for e in encoded]}
+    scored = {**_score_with(cfg, target, speculator, encoded, method, pilot, categories),
+              "prompt_ids": [e[0].tolist() for e in encoded]}
     if isinstance(speculator, HybridSpeculator) and cfg.eval.get("score_parts", True):
-        scored["parts"] = {name: _part_summary(_score_with(cfg, target, part, encoded, method))
+        scored["parts"] = {name: _part_summary(_score_with(cfg, target, part, encoded, method, pilot, categories))
                            for name, part in (("learned", speculator.learned), ("suffix", speculator.suffix))}
+    if cfg.eval.get("heldout_set"):
+        scored["heldout_set"] = score_heldout_set(cfg, target, speculator, scored)
     return scored
 
 
-def _score_with(cfg: DictConfig, target: FrozenTarget, speculator: Speculator, encoded: list, method: MethodConfig) -> dict:
+def score_heldout_set(cfg: DictConfig, target: FrozenTarget, speculator: Speculator, scored: dict) -> dict:
+    """The held-out set (a built-in set, eval/task_sets.py) scored with the method the run
+    chose: prompts no knob was tuned on, no pilot decoded and no other figure of the run used."""
+    name, items = cfg.eval.heldout_set, heldout_set_items(cfg)
+    encoded = [encode_prompt(target.tokenizer, p, chat_template=cfg.eval.chat_template) for p in items]  # each [1, T]
+    chosen = scored.get("method", {}).get("chosen") or {"kind": "chain", "k": scored["acceptance"]["k"]}
+    found = score(target, speculator.eval(), encoded, cfg.eval.max_new_tokens, chosen.get("k", cfg.eval.k),
+                  tree=tree_of(chosen), categories=[p.get("category") or name for p in items])
+    return {"name": name, "prompts": len(items), "method": chosen, "speedup": found["throughput"]["speedup"],
+            "speedup_ci": found["ci"]["speedup_total"],
+            "acceptance_length": found["acceptance"]["mean_acceptance_length"],
+            "lossless": found["lossless"], "by_category": found["by_category"], "per_prompt": found["per_prompt"]}
+
+
+def _score_with(cfg: DictConfig, target: FrozenTarget, speculator: Speculator, encoded: list, method: MethodConfig,
+                pilot: list, categories: list[str]) -> dict:
     if method.select == "fixed":
-        return score(target, speculator.eval(), encoded, cfg.eval.max_new_tokens, cfg.eval.k)
-    chosen = choose(target, speculator.eval(), encoded, method, cfg.eval.max_new_tokens)
+        return score(target, speculator.eval(), encoded, cfg.eval.max_new_tokens, cfg.eval.k, categories=categories)
+    chosen = choose(target, speculator.eval(), pilot, method, cfg.eval.max_new_tokens)
     scored = score(target, speculator, encoded, cfg.eval.max_new_tokens, chosen["chosen"].get("k", cfg.eval.k),
-                   tree=tree_of(chosen["chosen"]))
+                   tree=tree_of(chosen["chosen"]), categories=categories)
     return {**scored, "method": chosen}
 
 
@@ -193,7 +249,7 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict:
                             "dtype": str(target.dtype).removeprefix("torch."),
                             "dtype_choice": getattr(target, "dtype_choice", None)}
         result.update({key: scored[key] for key in ("acceptance", "throughput", "lossless", "timing", "ci", "method",
-                                                    "parts", "drafting") if key in scored})
+                                                    "parts", "drafting", "by_category", "heldout_set") if key in scored})
         result["eval"] = {"per_prompt": scored.get("per_prompt"), "k": cfg.eval.k,
                           "max_new_tokens": cfg.eval.max_new_tokens}
         log_final(run_dir, cfg, result)  # measured acceptance + speedup into the wandb run (offline by default)

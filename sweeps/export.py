@@ -20,8 +20,8 @@ from typing import Callable
 from speclab.speculator.base import Speculator, TargetInfo
 from speclab.speculator.families import load_speculator, speculator_class
 
-from .export_formats import ExportContext, write_layout
-from .run_rows import best, metric_value
+from .export_formats import ExportContext, layout_of, write_layout
+from .run_rows import best, load_rows, metric_value
 from .results import (EXPORT_MANIFEST, RESULT_FILE, SHARED_DIR_MODE, SHARED_FILE_MODE, SPECULATOR_FILES,
                       is_speculator_checkpoint, weights_sha256, write_json_atomic)
 from .table import format_number, format_params, format_per_position, format_speedup
@@ -30,11 +30,42 @@ log = logging.getLogger(__name__)
 
 MODEL_CARD = "README.md"
 DEFAULT_K = 4  # draft length written into an export's proposal config when the run recorded none
+# Among runs the prompts do not separate from the leader (run_rows.mark_ties), the export takes:
+TIE_ORDER = "servable by an engine first, then fewer parameters, then the higher speedup"
+
+
+def pick_best(runs_dir: str | Path, metric: str = "speedup") -> tuple[dict, dict | None]:
+    """(the run to export, the tie it was chosen from or None). By `metric`, the leader; by
+    speedup, of the leader and the runs tied with it, the first in TIE_ORDER: a tie is no
+    reason to ship the slower-to-serve or larger drafter (docs/design.md)."""
+    leader = best(runs_dir, metric)
+    if metric != "speedup":
+        return leader, None
+    rows = load_rows(runs_dir)
+    tied = [row for row in rows if row["run_dir"] == leader["run_dir"] or row.get("tied_with_leader")]
+    if len(tied) < 2:
+        return leader, None
+    chosen = min(tied, key=_tie_rank)
+    return chosen, {"leader": leader["run_id"], "tied": [row["run_id"] for row in sorted(tied, key=_tie_rank)],
+                    "order": TIE_ORDER, "chosen": chosen["run_id"],
+                    "by": [(row.get("vs_leader") or {}).get("by") for row in tied if not row.get("leader")]}
+
+
+def _tie_rank(row: dict) -> tuple[bool, float, float]:
+    params = row.get("params")
+    return (not servable(row), params if isinstance(params, int) else float("inf"), -(metric_value(row, "speedup") or 0))
+
+
+def servable(row: dict) -> bool:
+    """Whether the run's family exports to a serving engine's layout (export_formats.layout_of;
+    an export whose engine refuses its settings still falls back to speclab's own)."""
+    return bool(row.get("family")) and layout_of(row["family"]) != "speclab"
 
 
 def export_best(runs_dir: str | Path, out_dir: str | Path, metric: str = "speedup") -> Path:
-    """Copy the best run (by measured `metric`) into out_dir; returns out_dir."""
-    row = best(runs_dir, metric)
+    """Copy the best run (by measured `metric`, ties broken by TIE_ORDER: pick_best) into
+    out_dir; returns out_dir. export.json's `tie` names the tied runs (null: no tie)."""
+    row, tie = pick_best(runs_dir, metric)
     run_dir = Path(runs_dir) / row["run_dir"]
     checkpoint = checkpoint_of(run_dir, row["result"])
     meta = json.loads((checkpoint / "config.json").read_text())
@@ -44,8 +75,10 @@ def export_best(runs_dir: str | Path, out_dir: str | Path, metric: str = "speedu
     def fill(tmp: Path) -> None:
         layout, refused = write_layout(tmp, speculator, ctx)  # eagle3: speculators, mlp: mlp_speculator, ...
         shutil.copy2(run_dir / RESULT_FILE, tmp / RESULT_FILE)  # byte for byte, as measured
-        (tmp / MODEL_CARD).write_text(model_card(row["result"], metric, meta.get("target_config"), layout, refused,
-                                                 ctx.scored_with))
+        card = model_card(row["result"], metric, meta.get("target_config"), layout, refused, ctx.scored_with)
+        if tie:
+            card += f"\n{tie_line(tie)}\n"
+        (tmp / MODEL_CARD).write_text(card)
         write_json_atomic(tmp / EXPORT_MANIFEST, {
             "run_id": row["run_id"],
             "source_run_dir": str(run_dir.resolve()),
@@ -54,11 +87,19 @@ def export_best(runs_dir: str | Path, out_dir: str | Path, metric: str = "speedu
             "scored_with": ctx.scored_with,
             "metric": metric,
             "value": metric_value(row, metric),
+            "speedup_ci": row.get("speedup_ci"),
+            "tie": tie,
             "final_weights_sha256": row["result"].get("final_weights_sha256"),
             "exported_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         })
 
     return replace_dir(Path(out_dir), fill)
+
+
+def tie_line(tie: dict) -> str:
+    """One line saying the export was chosen from a tie, and how."""
+    return (f"A tie: {', '.join(tie['tied'])} are not separated from the fastest ({tie['leader']}) by their paired "
+            f"intervals; {tie['chosen']} was chosen, {tie['order']}.")
 
 
 def scored_with(result: dict) -> tuple[int, dict | None]:

@@ -11,6 +11,8 @@ import logging
 import math
 from pathlib import Path
 
+from speclab.eval.paired import keyed, speedup_interval, verdict
+
 from .results import EXPORT_MANIFEST, RESULT_FILE, read_result, result_problem
 
 log = logging.getLogger(__name__)
@@ -49,7 +51,7 @@ def load_rows(runs_dir: str | Path) -> list[dict]:
             log.warning("%s/%s: %s", run_dir, RESULT_FILE, problem)
             result = {"run_id": run_dir.name, "status": "malformed", "error": f"{RESULT_FILE}: {problem}"}
         rows.append(row_of(result, rel))
-    return rows
+    return mark_ties(rows)
 
 
 def row_of(result: dict, run_dir: str) -> dict:
@@ -72,6 +74,8 @@ def row_of(result: dict, run_dir: str) -> dict:
         "baseline_tok_s": throughput.get("baseline_tok_s"),
         "spec_tok_s": throughput.get("spec_tok_s"),
         "speedup": throughput.get("speedup"),
+        "speedup_ci": speedup_ci(result),
+        "tied_with_leader": False,  # set over all rows by mark_ties
         "checked_prompts": lossless.get("checked_prompts"),
         "mismatches": lossless.get("mismatches"),
         "train_steps": train.get("steps"),
@@ -80,6 +84,57 @@ def row_of(result: dict, run_dir: str) -> dict:
         "final_weights_sha256": result.get("final_weights_sha256"),
         "result": result,
     }
+
+
+def per_prompt(result: dict) -> list:
+    """result.json's per-prompt records (eval.per_prompt), [] where absent or malformed."""
+    records = _section(result, "eval").get("per_prompt")
+    return records if isinstance(records, list) else []
+
+
+def speedup_ci(result: dict) -> list[float] | None:
+    """[lo, hi] of the run's speedup: the interval its scoring recorded (ci.speedup_total,
+    the same pooled speedup as throughput.speedup), else one bootstrapped from its per-prompt
+    records (eval/paired.py), else None."""
+    recorded = _section(result, "ci").get("speedup_total")
+    if isinstance(recorded, list) and len(recorded) == 2 and all(_finite(v) for v in recorded):
+        return [float(v) for v in recorded]
+    figures = list(keyed(per_prompt(result)).values())
+    return speedup_interval(figures) if figures else None
+
+
+def versus(row: dict, other: dict) -> dict | None:
+    """eval/paired.verdict of two rows: paired over their shared prompts, else by their
+    intervals' overlap; None when their records hold neither."""
+    return verdict(keyed(per_prompt(row["result"])), row.get("speedup_ci"),
+                   keyed(per_prompt(other["result"])), other.get("speedup_ci"))
+
+
+def leader(rows: list[dict]) -> dict | None:
+    """The counted run (completed, lossless, speedup measured) with the highest speedup."""
+    eligible = [row for row in rows if is_eligible(row, "speedup")]
+    return max(eligible, key=lambda row: metric_value(row, "speedup")) if eligible else None
+
+
+def mark_ties(rows: list[dict]) -> list[dict]:
+    """Set each row's `tied_with_leader` (docs/design.md, "Winners only where the intervals
+    say so"): a counted run the leader's paired interval does not separate from it. The leader
+    is marked `leader`; where the records cannot tell (no per-prompt figures, no intervals),
+    `vs_leader` is None and the run is not marked tied."""
+    top = leader(rows)
+    for row in rows:
+        row["leader"] = row is top
+        row["tied_with_leader"] = False
+        if top is None or row is top or not is_eligible(row, "speedup"):
+            continue
+        found = versus(row, top)
+        row["tied_with_leader"] = bool(found and found["tied"])
+        row["vs_leader"] = found
+    return rows
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _section(result: dict, key: str) -> dict:

@@ -8,12 +8,21 @@ training-free baselines, and marks each learned run below the best baseline's sp
 a speculator is only worth its training if it beats what costs nothing. A baseline is a
 training-free drafter as its paper has it; one that also matches a corpus of the run's
 training data (`suffix_corpus`) pays for that data and is a candidate like the rest.
+
+Each speedup shows its 95% interval, and `vs leader` says whether the prompts separate the
+run from the fastest counted run (the leader): `tied` where they do not (run_rows.mark_ties:
+paired per-prompt intervals, docs/design.md). A baseline note follows the same rule: "below
+baseline" only where the paired interval puts the run below it, "tied with baseline" where
+it does not separate them; runs whose records hold no per-prompt figures or intervals are
+compared by their point estimates.
 """
 
 from __future__ import annotations
 
 import math
 from typing import Any, Callable
+
+from .run_rows import mark_ties, versus
 
 MISSING = "-"
 BASELINE_FAMILIES = ("ngram", "suffix")  # the training-free drafters every sweep scores (sweeps/baselines.py)
@@ -67,6 +76,22 @@ def format_method(row: dict) -> str:
     return f"chain k={chosen.get('k')}"
 
 
+def format_interval(pair: Any, fmt: str = ".2f") -> str:
+    """[1.47, 2.02] -> '1.47-2.02'; '-' when not recorded."""
+    if not (isinstance(pair, (list, tuple)) and len(pair) == 2 and all(_is_number(v) for v in pair)):
+        return MISSING
+    return f"{format(pair[0], fmt)}-{format(pair[1], fmt)}"
+
+
+def format_standing(row: dict) -> str:
+    """'leader', 'tied' (with the leader), 'behind' (separated from it), '-' (not counted)."""
+    if row.get("leader"):
+        return "leader"
+    if not counts(row):
+        return MISSING
+    return "tied" if row.get("tied_with_leader") else "behind"
+
+
 # (header, cell of a row, right-aligned)
 COLUMNS: list[tuple[str, Callable[[dict], str], bool]] = [
     ("run", lambda r: str(r.get("run_id") or r.get("run_dir") or MISSING), False),
@@ -77,6 +102,8 @@ COLUMNS: list[tuple[str, Callable[[dict], str], bool]] = [
     ("spec tok/s", lambda r: format_number(r.get("spec_tok_s"), ".1f"), True),
     ("base tok/s", lambda r: format_number(r.get("baseline_tok_s"), ".1f"), True),
     ("speedup", lambda r: format_speedup(r.get("speedup")), True),
+    ("95% CI", lambda r: format_interval(r.get("speedup_ci")), True),
+    ("vs leader", format_standing, False),
     ("method", format_method, False),
     ("lossless", format_lossless, True),
     ("status", lambda r: str(r.get("status") or MISSING), False),
@@ -128,8 +155,10 @@ def note(row: dict, baseline: dict | None) -> str:
     if is_baseline(row):
         return "baseline"
     notes = []
-    if baseline is not None and row["speedup"] < baseline["speedup"]:
-        notes.append(f"below baseline ({baseline['family']} {format_speedup(baseline['speedup'])})")
+    if baseline is not None:
+        standing = against_baseline(row, baseline)
+        if standing:
+            notes.append(f"{standing} ({baseline['family']} {format_speedup(baseline['speedup'])})")
     overlap = (row.get("result") or {}).get("contamination")
     if isinstance(overlap, dict) and all(isinstance(overlap.get(side), dict) for side in ("prompt", "output")):
         # the longest runs of eval tokens found in the training answers (eval/contamination.py)
@@ -139,6 +168,18 @@ def note(row: dict, baseline: dict | None) -> str:
         verdict = "beats its parts" if row["speedup"] > max(parts.values()) else "parts"
         notes.append(f"{verdict} ({', '.join(f'{name} {format_speedup(x)}' for name, x in parts.items())})")
     return "; ".join(notes)
+
+
+def against_baseline(row: dict, baseline: dict) -> str | None:
+    """'below baseline' where the paired interval (else the intervals) puts the run below the
+    best baseline, 'tied with baseline' where it does not separate them, None when the run is
+    ahead; by the point estimates where the records hold neither."""
+    found = versus(row, baseline)
+    if found is None:
+        return "below baseline" if row["speedup"] < baseline["speedup"] else None
+    if found["tied"]:
+        return "tied with baseline"
+    return "below baseline" if row["speedup"] < baseline["speedup"] else None
 
 
 def parts_of(row: dict) -> dict[str, float]:
@@ -167,6 +208,8 @@ def sort_by_speedup(rows: list[dict]) -> list[dict]:
 def format_table(rows: list[dict]) -> str:
     if not rows:
         return "no runs"
+    if any("leader" not in row for row in rows):  # rows built one by one (run_rows.row_of)
+        mark_ties(rows)
     baseline = best_baseline(rows)
     columns = [*COLUMNS, ("note", lambda r: note(r, baseline), False)]
     cells = [[cell(row) for _, cell, _ in columns] for row in sort_by_speedup(rows)]
@@ -175,6 +218,30 @@ def format_table(rows: list[dict]) -> str:
     if errors:
         lines += ["", "errors:", *errors]
     return "\n".join(lines)
+
+
+CATEGORY_COLUMNS = ["run", "family", "category", "prompts", "speedup", "95% CI", "acc.len", "acc.rate"]
+
+
+def format_categories(rows: list[dict]) -> str:
+    """`speclab runs --by-category`: one line per run and kind of task (result.json's
+    `by_category`), counted runs first by speedup; runs that recorded none are left out."""
+    cells = []
+    for row in sort_by_speedup(rows):
+        block = (row.get("result") or {}).get("by_category")
+        if not isinstance(block, dict):
+            continue
+        for category, figures in sorted(block.items()):
+            if not isinstance(figures, dict):
+                continue
+            cells.append([str(row.get("run_id") or MISSING), str(row.get("family") or MISSING), str(category),
+                          format_number(figures.get("prompts"), "d"), format_speedup(figures.get("speedup")),
+                          format_interval(figures.get("speedup_ci")),
+                          format_number(figures.get("acceptance_length")),
+                          format_number(figures.get("acceptance_rate"))])
+    if not cells:
+        return "no run records per-category figures (result.json: by_category)"
+    return align(CATEGORY_COLUMNS, cells, [False, False, False, True, True, True, True, True])
 
 
 def align(header: list[str], cells: list[list[str]], right: list[bool]) -> str:

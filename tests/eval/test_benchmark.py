@@ -113,3 +113,23 @@ def test_peer_joins_the_rotation_and_reports_its_ratio():
     assert thr["hf_generate_tok_s"] > 0
     assert thr["plain_vs_hf"] == pytest.approx(thr["baseline_tok_s"] / thr["hf_generate_tok_s"])
     assert all("hf_generate_tok_s" in row for row in report["per_prompt"])
+
+
+def test_score_records_each_prompt_for_pairing_and_its_category(target, prompts):
+    from speclab.eval.paired import prompt_key
+
+    speculator = scripted(OracleSpeculator, target, prompts, MAX_NEW + K)
+    result = score(target, speculator, prompts, MAX_NEW, K, progress=False, categories=["chat", "code"])
+    rows = result["per_prompt"]
+    assert [r["index"] for r in rows] == [0, 1] and [r["category"] for r in rows] == ["chat", "code"]
+    assert [r["key"] for r in rows] == [prompt_key(p[0].tolist()) for p in prompts]
+    for r in rows:
+        assert r["new_tokens"] / r["plain_seconds"] == pytest.approx(r["baseline_tok_s"])
+        assert r["spec_new_tokens"] / r["spec_seconds"] == pytest.approx(r["spec_tok_s"])
+    by = result["by_category"]
+    assert set(by) == {"chat", "code"} and by["chat"]["prompts"] == 1
+    assert by["code"]["speedup"] == pytest.approx(rows[1]["spec_tok_s"] / rows[1]["baseline_tok_s"])
+    assert by["code"]["acceptance_rate"] == 1.0  # the oracle's drafts are always accepted
+    assert score(target, speculator, prompts, MAX_NEW, K, progress=False)["per_prompt"][0]["category"] == "uncategorized"
+    with pytest.raises(ValueError, match="1 categories for 2 prompts"):
+        score(target, speculator, prompts, MAX_NEW, K, progress=False, categories=["chat"])

@@ -84,3 +84,16 @@ def test_bench_sampling_skips_the_exact_check(checkpoints, tmp_path):
 def test_bench_mistakes_exit_2(argv, message, capsys):
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_bench_marks_the_leader_and_repeats_its_scoring(checkpoints, tmp_path, capsys):
+    report = run_bench(checkpoints, tmp_path, "--no-peers", "--limit", "2", "--repeat", "2", "--set", "math")
+    assert report["config"]["sets"] == {"math": 2, "prompts": 2} and set(report["sets"]) == {"math", "prompts"}
+    methods = report["overall"]
+    contenders = [name for name in methods if name != "plain"]
+    assert sum(methods[name]["leader"] for name in contenders) == 1 and not methods["plain"]["leader"]
+    assert all(m["speedup_ci"] == m["ci"]["speedup_total"] for m in methods.values())
+    assert set(report["repeats"]) == set(methods) and report["config"]["repeat"] == 2
+    assert all(len(r["values"]) == 2 for r in report["repeats"].values())
+    printed = capsys.readouterr().out
+    assert "vs leader" in printed and "overall speedup over 2 scorings in this process" in printed

@@ -112,7 +112,7 @@ def test_eval_applies_target_overrides(tmp_path, runs, prompts_file, monkeypatch
     seen = {}
     import speclab.eval.benchmark as benchmark
 
-    def fake_score(target, speculator, prompts, max_new_tokens, k, progress=True, peer=False, tree=None):
+    def fake_score(target, speculator, prompts, max_new_tokens, k, progress=True, peer=False, tree=None, categories=None):
         seen.update(target=target.name, prompts=len(prompts), k=k)
         return {"acceptance": {}, "throughput": {}, "lossless": {}, "per_prompt": []}
 
@@ -129,7 +129,7 @@ def fake_score(monkeypatch):
 
     calls = []
 
-    def score(target, speculator, prompts, max_new_tokens, k, progress=True, peer=False, tree=None):
+    def score(target, speculator, prompts, max_new_tokens, k, progress=True, peer=False, tree=None, categories=None):
         calls.append((k, tree))
         return {"acceptance": {}, "throughput": {}, "lossless": {}, "per_prompt": []}
 
@@ -201,3 +201,34 @@ def test_eval_argument_mistakes_exit_2(runs, prompts_file, capsys, extra, messag
 def test_eval_of_a_directory_without_a_checkpoint_exits_2(tmp_path, capsys):
     assert main(["eval", str(tmp_path)]) == 2
     assert "no speculator checkpoint" in _one_error_line(capsys)
+
+
+@pytest.mark.parametrize("lines, message", [
+    (None, "does not exist"),
+    (['{"prompt": "hi", "category": "chat"}', '{"prompt": "x",'], "bad.jsonl:2: not valid JSON"),
+    (['{"category": "chat"}'], 'bad.jsonl:1: needs exactly one of "prompt" (str) or "messages" (list)'),
+    (['{"prompt": "hi", "category": 3}'], 'bad.jsonl:1: "category" must be a string'),
+])
+def test_eval_prompts_file_mistakes_name_the_line(tmp_path, runs, capsys, lines, message):
+    path = tmp_path / "bad.jsonl"
+    if lines is not None:
+        path.write_text("\n".join(lines) + "\n")
+    assert main(["eval", str(runs / "good"), "--prompts", str(path)]) == 2
+    assert message in _one_error_line(capsys)
+
+
+def test_eval_by_category_and_repeated_scorings(tmp_path, runs, capsys):
+    path = tmp_path / "mine.jsonl"
+    path.write_text('{"prompt": "def add(a, b):", "category": "code"}\n{"prompt": "Say hi"}\n')
+    out = tmp_path / "eval.json"
+    argv = ["eval", str(runs / "good"), "--prompts", str(path), "--set", "math", "--limit", "1", "--k", "2",
+            "--max-new-tokens", "4", "--repeat", "3", "--json", str(out)]
+    assert main(argv) == 0
+    report = json.loads(out.read_text())
+    # a line without a category takes the file's name; --limit cuts each source
+    assert [r["category"] for r in report["per_prompt"]] == ["code", "math"] and report["num_prompts"] == 2
+    assert set(report["by_category"]) == {"code", "math"}
+    repeats = report["repeats"]
+    assert len(repeats["values"]) == 3 and repeats["interval"][0] <= repeats["median"] <= repeats["interval"][1]
+    printed = capsys.readouterr().out
+    assert "over 3 scorings in this process: median" in printed and "  math: 1 prompts, speedup" in printed

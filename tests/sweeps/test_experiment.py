@@ -107,3 +107,56 @@ def test_a_hybrid_run_also_scores_its_parts_alone(tmp_path, monkeypatch):
     from speclab.speculator.families import load_speculator
     saved = load_speculator(run_dir / result["checkpoint"], experiment.TargetInfo.of(experiment.instantiate(cfg.target)))
     assert saved.suffix.corpus_report()["tokens"] == corpus["tokens"]
+
+
+def _composed(tmp_path, *overrides):
+    with initialize_config_module(config_module="speclab.configs", version_base=None):
+        return compose("config", overrides=[
+            "target=tiny", "training=smoke", "threads=1", "wandb.mode=disabled", "data.num_prompts=8",
+            "data.max_response_tokens=16", "data.heldout_size=1", f"runs_dir={tmp_path / 'runs'}", *overrides])
+
+
+def test_the_scored_prompts_leave_out_the_pilot_split(tmp_path):
+    cfg = _composed(tmp_path, "eval.humaneval_prompts=-1", "eval.heldout_prompts=0", "eval.method.select=best",
+                    "eval.method.pilot_prompts=2", "eval.sets=[math]")
+    prompts = experiment.eval_prompts(cfg, [])
+    ids = [p.get("id") for p in prompts]
+    assert "HumanEval/163" not in ids and "HumanEval/162" not in ids and "HumanEval/161" in ids
+    assert [p["id"] for p in experiment.pilot_items(cfg)] == ["HumanEval/163", "HumanEval/162"]
+    assert {p["category"] for p in prompts} == {"humaneval", "math"}
+    held = experiment.eval_prompts(_composed(tmp_path, "eval.humaneval_prompts=0", "eval.heldout_prompts=1"),
+                                   [{"messages": [{"role": "user", "content": "hi"}]}])
+    assert held[0]["category"] == "heldout"
+    fixed = _composed(tmp_path, "eval.method.select=fixed")
+    assert experiment.pilot_items(fixed) == []  # no pilot: nothing left out
+
+
+def test_the_pilot_runs_on_its_split_and_the_heldout_set_is_scored_apart(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECLAB_CACHE", str(tmp_path / "cache"))
+    cfg = _composed(tmp_path, "speculator=ngram", "eval.max_new_tokens=4", "eval.humaneval_prompts=1",
+                    "eval.heldout_prompts=0", "eval.sets=[chat]", "eval.heldout_set=tasks",
+                    "eval.method.select=best", "eval.method.chain_k=[1,3]", "eval.method.cost_lengths=[1,2,4]",
+                    "eval.method.cost_repeats=1", "eval.method.pilot_prompts=1", "eval.method.pilot_tokens=4",
+                    "eval.method.cost_cache=false")
+    piloted = []
+    real = experiment.choose
+
+    def watched(target, speculator, prompts, *args, **kwargs):
+        piloted.extend(p[0].tolist() for p in prompts)
+        return real(target, speculator, prompts, *args, **kwargs)
+
+    monkeypatch.setattr(experiment, "choose", watched)
+    run_dir = tmp_path / "runs" / "ngram"
+    run_dir.mkdir(parents=True)
+    result = experiment.run_experiment(cfg, run_dir)
+    assert result["status"] == "completed"
+    method = result["method"]
+    assert method["pilot"]["set"] == "pilot" and method["tuned_on"] == "humaneval[0:16]"
+    from speclab.eval.paired import prompt_key
+    scored = {r["key"] for r in result["eval"]["per_prompt"]}
+    assert len(piloted) == 1 and prompt_key(piloted[0]) not in scored  # chosen on other prompts
+    assert set(result["by_category"]) == {"humaneval", "chat"} and result["by_category"]["chat"]["prompts"] == 3
+    held = result["heldout_set"]
+    assert held["name"] == "tasks" and held["prompts"] == 6 and held["method"] == method["chosen"]
+    assert set(held["by_category"]) == {"long_context", "math", "chat"} and held["lossless"]["mismatches"] == 0
+    assert not scored & {r["key"] for r in held["per_prompt"]}

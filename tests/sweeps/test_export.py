@@ -141,3 +141,28 @@ def test_the_export_does_not_count_as_a_run(runs):
     root, _ = runs
     export_best(root, root / "best")
     assert "best" not in {r["run_dir"] for r in load_rows(root)}
+
+
+def test_export_among_tied_runs_takes_the_servable_then_the_smaller(tmp_path, tiny_target, capsys):
+    from speclab.sweeps.cli import main
+
+    root = tmp_path / "runs"
+    close = dict(per_prompt=[1.9, 1.5, 2.1, 1.7, 1.8, 1.9])
+    make_run(root, "suffix_corpus", family="suffix", params=0, speedup=1.80, **close)  # no engine serves it
+    make_speculator_run(root, "mlp", tiny_target, speedup=1.78, per_prompt=[1.85, 1.55, 2.0, 1.75, 1.75, 1.85])
+    make_speculator_run(root, "slower", tiny_target, family="draft_lm", speedup=1.2,
+                        per_prompt=[1.3, 1.1, 1.3, 1.2, 1.2, 1.3])  # servable but separated: not in the tie
+    assert main(["export", "--best", "--runs", str(root), "--out", str(tmp_path / "best")]) == 0
+    manifest = json.loads((tmp_path / "best" / "export.json").read_text())
+    assert manifest["run_id"] == "mlp"
+    assert manifest["tie"]["leader"] == "suffix_corpus" and manifest["tie"]["tied"] == ["mlp", "suffix_corpus"]
+    assert manifest["tie"]["order"] == export_module.TIE_ORDER
+    out = capsys.readouterr().out
+    assert "A tie: mlp, suffix_corpus" in out and "mlp was chosen" in out
+    assert "A tie:" in (tmp_path / "best" / "README.md").read_text()
+
+
+def test_export_without_a_tie_records_none(tmp_path, runs):
+    root, _ = runs
+    out = export_best(root, tmp_path / "best")
+    assert json.loads((out / "export.json").read_text())["tie"] is None

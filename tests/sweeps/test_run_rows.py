@@ -9,8 +9,9 @@ from speclab.sweeps.table import format_per_position, format_table
 
 def make_run(runs_dir, name, *, speedup=1.2, acceptance_length=2.0, per_position=(0.6, 0.4),
              mismatches=0, checked=4, status="completed", family="mlp", params=12_345,
-             checkpoint=None, weights_sha256=None):
-    """Write a fake run directory holding only a result.json with the given figures."""
+             checkpoint=None, weights_sha256=None, per_prompt=None, by_category=None):
+    """Write a fake run directory holding only a result.json with the given figures
+    (per_prompt: per-prompt speedups, written as records with tokens and seconds)."""
     run_dir = runs_dir / name
     run_dir.mkdir(parents=True, exist_ok=True)
     if status == "failed":
@@ -26,8 +27,20 @@ def make_run(runs_dir, name, *, speedup=1.2, acceptance_length=2.0, per_position
         result["lossless"] = {"checked_prompts": checked, "mismatches": mismatches}
         result["checkpoint"] = checkpoint
         result["final_weights_sha256"] = weights_sha256
+        if per_prompt is not None:
+            result["eval"] = {"per_prompt": prompt_records(per_prompt)}
+        if by_category is not None:
+            result["by_category"] = by_category
     write_result(run_dir, result)
     return run_dir
+
+
+def prompt_records(speedups, plain_seconds=(1.0, 3.0, 2.0, 5.0, 1.5, 4.0)):
+    """Per-prompt records (as eval/benchmark.py writes them) with these per-prompt speedups:
+    100 tokens each, plain decoding taking a different time on each prompt."""
+    return [{"index": i, "key": f"p{i}", "category": "code", "new_tokens": 100, "spec_new_tokens": 100,
+             "plain_seconds": plain_seconds[i % len(plain_seconds)],
+             "spec_seconds": plain_seconds[i % len(plain_seconds)] / x} for i, x in enumerate(speedups)]
 
 
 @pytest.fixture
@@ -184,3 +197,64 @@ def test_per_position_is_compact_and_table_handles_no_runs():
     assert format_per_position([]) == "-"
     assert format_table([]) == "no runs"
 
+
+
+# --- winners only where the intervals say so ------------------------------------------------
+
+
+def test_rows_carry_their_interval_and_whether_the_leader_is_separated(tmp_path):
+    root = tmp_path / "runs"
+    # close on every prompt: the paired ratio interval holds 1
+    make_run(root, "a", speedup=1.80, per_prompt=[1.9, 1.5, 2.1, 1.7, 1.8, 1.9])
+    make_run(root, "b", speedup=1.78, per_prompt=[1.85, 1.55, 2.0, 1.75, 1.75, 1.85])
+    # slower on every prompt by a tenth or more: separated
+    make_run(root, "c", speedup=1.5, per_prompt=[1.6, 1.3, 1.8, 1.4, 1.5, 1.6])
+    rows = {r["run_id"]: r for r in load_rows(root)}
+    assert rows["a"]["leader"] and not rows["a"]["tied_with_leader"]
+    assert rows["b"]["tied_with_leader"] and rows["b"]["vs_leader"]["by"] == "paired"
+    assert not rows["c"]["tied_with_leader"] and rows["c"]["vs_leader"]["ci"][1] < 1
+    lo, hi = rows["c"]["speedup_ci"]
+    assert lo < 1.5 < hi
+    table = format_table(list(rows.values()))
+    line = {r: next(ln for ln in table.splitlines() if ln.startswith(r + " ")) for r in "abc"}
+    assert "leader" in line["a"] and "tied" in line["b"] and "behind" in line["c"]
+
+
+def test_rows_without_per_prompt_records_compare_by_their_recorded_intervals(tmp_path):
+    root = tmp_path / "runs"
+    make_run(root, "a", speedup=1.8)
+    make_run(root, "b", speedup=1.7)
+    for name, ci in (("a", [1.47, 2.02]), ("b", [1.51, 1.91])):
+        result = read_result(root / name)
+        result["ci"] = {"speedup_total": ci}
+        write_result(root / name, result)
+    rows = {r["run_id"]: r for r in load_rows(root)}
+    assert rows["b"]["speedup_ci"] == [1.51, 1.91]
+    assert rows["b"]["tied_with_leader"] and rows["b"]["vs_leader"] == {"tied": True, "by": "intervals"}
+
+
+def test_below_baseline_only_where_the_interval_says_so(tmp_path):
+    root = tmp_path / "runs"
+    make_run(root, "ngram", family="ngram", params=0, speedup=1.77, per_prompt=[1.9, 1.5, 2.1, 1.7, 1.8, 1.9])
+    make_run(root, "close", speedup=1.72, per_prompt=[1.8, 1.55, 2.0, 1.75, 1.7, 1.85])
+    make_run(root, "slow", speedup=1.3, per_prompt=[1.4, 1.1, 1.5, 1.3, 1.3, 1.4])
+    table = format_table(load_rows(root))
+    assert "tied with baseline (ngram 1.77x)" in next(ln for ln in table.splitlines() if ln.startswith("close"))
+    assert "below baseline (ngram 1.77x)" in next(ln for ln in table.splitlines() if ln.startswith("slow"))
+
+
+def test_runs_by_category(tmp_path, capsys):
+    from speclab.sweeps.cli import main
+
+    root = tmp_path / "runs"
+    make_run(root, "a", speedup=1.5, by_category={
+        "math": {"prompts": 2, "speedup": 1.2, "speedup_ci": [1.1, 1.3], "acceptance_length": 1.8,
+                 "acceptance_rate": 0.3},
+        "long_context": {"prompts": 3, "speedup": 2.1, "speedup_ci": [1.9, 2.3], "acceptance_length": 3.1,
+                         "acceptance_rate": 0.6}})
+    make_run(root, "old", speedup=1.4)  # recorded before categories: left out
+    assert main(["runs", "--runs", str(root), "--by-category"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["run", "family", "category", "prompts", "speedup", "95%", "CI", "acc.len", "acc.rate"]
+    assert out[2].split() == ["a", "mlp", "long_context", "3", "2.10x", "1.90-2.30", "3.10", "0.60"]
+    assert out[3].split()[:5] == ["a", "mlp", "math", "2", "1.20x"] and len(out) == 4
