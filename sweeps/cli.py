@@ -152,15 +152,17 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from .export import export_best, tie_line  # imports torch: only when exporting
+    from .export import export_best, role_line, tie_line  # imports torch: only when exporting
     from .results import EXPORT_MANIFEST
 
     with user_errors():
         out = export_best(args.runs, args.out, args.metric)
     print(f"exported the best run by {args.metric} to {out}")
-    tie = json.loads((out / EXPORT_MANIFEST).read_text()).get("tie")
-    if tie:
-        print(tie_line(tie))
+    manifest = json.loads((out / EXPORT_MANIFEST).read_text())
+    if manifest.get("tie"):
+        print(tie_line(manifest["tie"]))
+    if manifest.get("role"):
+        print(role_line(manifest["role"]))
     return 0
 
 

@@ -21,7 +21,7 @@ from speclab.speculator.base import Speculator, TargetInfo
 from speclab.speculator.families import load_speculator, speculator_class
 
 from .export_formats import ExportContext, layout_of, write_layout
-from .run_rows import best, load_rows, metric_value
+from .run_rows import best, is_eligible, load_rows, metric_value
 from .results import (EXPORT_MANIFEST, RESULT_FILE, SHARED_DIR_MODE, SHARED_FILE_MODE, SPECULATOR_FILES,
                       is_speculator_checkpoint, weights_sha256, write_json_atomic)
 from .table import format_number, format_params, format_per_position, format_speedup
@@ -32,6 +32,7 @@ MODEL_CARD = "README.md"
 DEFAULT_K = 4  # draft length written into an export's proposal config when the run recorded none
 # Among runs the prompts do not separate from the leader (run_rows.mark_ties), the export takes:
 TIE_ORDER = "servable by an engine first, then fewer parameters, then the higher speedup"
+BESIDE_SUFFIX = "-best-overall"  # the best run when no engine serves it, exported next to the servable one
 
 
 def pick_best(runs_dir: str | Path, metric: str = "speedup") -> tuple[dict, dict | None]:
@@ -62,10 +63,40 @@ def servable(row: dict) -> bool:
     return bool(row.get("family")) and layout_of(row["family"]) != "speclab"
 
 
+def beside_dir(out_dir: str | Path) -> Path:
+    """Where the best run overall goes when no engine serves it: next to the servable export."""
+    out_dir = Path(out_dir)
+    return out_dir.with_name(out_dir.name + BESIDE_SUFFIX)
+
+
+def best_servable(runs_dir: str | Path, metric: str) -> dict | None:
+    eligible = [row for row in load_rows(runs_dir) if is_eligible(row, metric) and servable(row)]
+    return max(eligible, key=lambda row: metric_value(row, metric)) if eligible else None
+
+
 def export_best(runs_dir: str | Path, out_dir: str | Path, metric: str = "speedup") -> Path:
     """Copy the best run (by measured `metric`, ties broken by TIE_ORDER: pick_best) into
-    out_dir; returns out_dir. export.json's `tie` names the tied runs (null: no tie)."""
+    out_dir; returns out_dir. export.json's `tie` names the tied runs (null: no tie).
+
+    An export is for serving: when no engine serves the best run (a corpus, a family with no
+    engine layout), out_dir gets the best run an engine can serve, and the best run overall is
+    exported beside it (`beside_dir`), each export.json naming the other and the reason."""
     row, tie = pick_best(runs_dir, metric)
+    alternative = None if servable(row) else best_servable(runs_dir, metric)
+    if alternative is None:
+        return _export_run(runs_dir, row, tie, out_dir, metric)
+    reason = f"no serving engine loads a {row['family']} speculator (docs/serving.md)"
+    beside = beside_dir(out_dir)
+    _export_run(runs_dir, row, tie, beside, metric, {"role": "best overall, not servable", "reason": reason,
+                                                      "servable_export": str(Path(out_dir))})
+    return _export_run(runs_dir, alternative, None, out_dir, metric, {
+        "role": "best servable", "best_overall": {"run_id": row["run_id"], "family": row["family"],
+                                                  "value": metric_value(row, metric), "export": str(beside),
+                                                  "reason": reason}})
+
+
+def _export_run(runs_dir: str | Path, row: dict, tie: dict | None, out_dir: str | Path, metric: str,
+                role: dict | None = None) -> Path:
     run_dir = Path(runs_dir) / row["run_dir"]
     checkpoint = checkpoint_of(run_dir, row["result"])
     meta = json.loads((checkpoint / "config.json").read_text())
@@ -78,6 +109,8 @@ def export_best(runs_dir: str | Path, out_dir: str | Path, metric: str = "speedu
         card = model_card(row["result"], metric, meta.get("target_config"), layout, refused, ctx.scored_with)
         if tie:
             card += f"\n{tie_line(tie)}\n"
+        if role:
+            card += f"\n{role_line(role)}\n"
         (tmp / MODEL_CARD).write_text(card)
         write_json_atomic(tmp / EXPORT_MANIFEST, {
             "run_id": row["run_id"],
@@ -89,11 +122,21 @@ def export_best(runs_dir: str | Path, out_dir: str | Path, metric: str = "speedu
             "value": metric_value(row, metric),
             "speedup_ci": row.get("speedup_ci"),
             "tie": tie,
+            "role": role,  # null: the best run, servable or the only kind there is; else which of a pair it is
             "final_weights_sha256": row["result"].get("final_weights_sha256"),
             "exported_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         })
 
     return replace_dir(Path(out_dir), fill)
+
+
+def role_line(role: dict) -> str:
+    """One line saying which of a servable / best-overall pair an export is."""
+    if "best_overall" in role:
+        best = role["best_overall"]
+        return (f"The best run overall, {best['run_id']} ({best['family']}), is not servable ({best['reason']}): "
+                f"it is exported beside this one, in {best['export']}.")
+    return f"Not servable ({role['reason']}); the best servable run is exported in {role['servable_export']}."
 
 
 def tie_line(tie: dict) -> str:

@@ -17,6 +17,7 @@ TINY_TARGET_CONFIG = {"_target_": "speclab.speculator.target.builders.tiny_llama
 SMALL_SPECULATORS = {
     "mlp": {"n_predict": 2, "inner_dim": 16},
     "draft_lm": {"num_layers": 1, "hidden_size": 16, "num_heads": 2, "intermediate_size": 32},
+    "hydra": {"n_predict": 2, "hidden_size": 16},
 }
 
 
@@ -160,6 +161,30 @@ def test_export_among_tied_runs_takes_the_servable_then_the_smaller(tmp_path, ti
     out = capsys.readouterr().out
     assert "A tie: mlp, suffix_corpus" in out and "mlp was chosen" in out
     assert "A tie:" in (tmp_path / "best" / "README.md").read_text()
+
+
+def test_a_best_run_no_engine_serves_is_exported_beside_the_best_servable_one(tmp_path, tiny_target, capsys):
+    from speclab.sweeps.cli import main
+
+    root = tmp_path / "runs"
+    make_speculator_run(root, "hydra", tiny_target, family="hydra", speedup=1.9)  # speclab's layout only
+    servable = make_speculator_run(root, "mlp", tiny_target, speedup=1.2)
+    assert main(["export", "--best", "--runs", str(root), "--out", str(tmp_path / "best")]) == 0
+    manifest = json.loads((tmp_path / "best" / "export.json").read_text())
+    assert manifest["run_id"] == "mlp" and manifest["role"]["best_overall"]["run_id"] == "hydra"
+    assert _same_logits(load_checkpoint(tmp_path / "best"), servable, tiny_target)
+    beside = json.loads((tmp_path / "best-best-overall" / "export.json").read_text())
+    assert beside["run_id"] == "hydra" and "no serving engine loads a hydra" in beside["role"]["reason"]
+    assert beside["role"]["servable_export"] == str(tmp_path / "best")
+    out = capsys.readouterr().out
+    assert "The best run overall, hydra (hydra), is not servable" in out
+
+
+def test_a_servable_best_run_is_exported_alone(tmp_path, runs):
+    root, _ = runs
+    out = export_best(root, tmp_path / "best")
+    assert json.loads((out / "export.json").read_text())["role"] is None
+    assert not (tmp_path / "best-best-overall").exists()
 
 
 def test_export_without_a_tie_records_none(tmp_path, runs):
