@@ -121,6 +121,16 @@ def test_eagle3_on_a_target_too_shallow_for_vllm_falls_back_with_the_reason(tmp_
     assert reason in (out / "README.md").read_text()
 
 
+@pytest.mark.parametrize("num_layers, ids", [(6, [1, 3, 5]), (3, [0, 1, 2])])
+def test_eagle3_default_layers_on_shallow_targets_are_served(tmp_path, num_layers, ids):
+    """From three layers on, the default ids are three distinct pre-norm ones (6 layers once gave 2, 3, 3)."""
+    shallow = tiny_llama(seed=0, num_layers=num_layers)
+    config = {"_target_": "speclab.speculator.target.builders.tiny_llama", "seed": 0, "num_layers": num_layers}
+    _, out = exported(tmp_path, shallow, "eagle3", target_config=config)
+    assert json.loads((out / "export.json").read_text())["layout"] == "speculators_eagle3"
+    assert json.loads((out / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == ids
+
+
 def test_eagle3_reading_the_post_norm_last_layer_is_refused(tmp_path, target):
     spec = dict(SPECS["eagle3"], target_layers=[1, 2, 4])
     _, out = exported(tmp_path, target, "eagle3", spec=spec)
