@@ -3,7 +3,7 @@
     speclab train [HYDRA OVERRIDES]      one experiment (Hydra; -m for a multirun)
     speclab runs [--runs DIR] [--json]   the results table
     speclab eval CKPT [--prompts FILE] [--json OUT] [target.KEY=VALUE ...]
-    speclab export --best --metric speedup --out DIR [--runs DIR]
+    speclab export --best --metric speedup --out DIR [--runs DIR] [--engine vllm|sglang|trtllm|llama.cpp]
     speclab bench --speculator DIR [--assistant DIR] [--prompts FILE] [...]   peers side by side (bench.py)
     speclab sweep NAME [HYDRA OVERRIDES]  the predefined sweep configs/sweep/NAME.yaml
     speclab dashboard [--runs DIR] [--port PORT] [--host HOST]   live results page
@@ -32,6 +32,7 @@ from .table import format_lossless, format_number, format_per_position, format_s
 from .target_spec import recorded_target
 
 DEFAULT_RUNS_DIR = "runs"
+EXPORT_ENGINES = ("vllm", "sglang", "trtllm", "llama.cpp")  # export_formats.ENGINES, without importing torch
 
 
 class _Parser(argparse.ArgumentParser):
@@ -59,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="measured figure that ranks the runs")
     export.add_argument("--out", required=True, type=Path, help="export directory (replaced if an earlier export)")
     export.add_argument("--runs", default=DEFAULT_RUNS_DIR, help="directory holding the run directories")
+    export.add_argument("--engine", default="vllm", choices=EXPORT_ENGINES,
+                        help="the engine whose layout is written (default vllm; eagle3 also: sglang, trtllm, llama.cpp)")
 
     ev = commands.add_parser("eval", help="score a checkpoint: acceptance, tok/s, lossless check")
     ev.add_argument("checkpoint", type=Path, help="speculator checkpoint, run or export directory")
@@ -144,8 +147,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     from .export import export_best  # imports torch: only when exporting
 
     with user_errors():
-        out = export_best(args.runs, args.out, args.metric)
-    print(f"exported the best run by {args.metric} to {out}")
+        out = export_best(args.runs, args.out, args.metric, args.engine)
+    print(f"exported the best run by {args.metric} to {out} ({args.engine} layout)")
     return 0
 
 

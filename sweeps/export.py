@@ -32,8 +32,8 @@ MODEL_CARD = "README.md"
 DEFAULT_K = 4  # draft length written into an export's proposal config when the run recorded none
 
 
-def export_best(runs_dir: str | Path, out_dir: str | Path, metric: str = "speedup") -> Path:
-    """Copy the best run (by measured `metric`) into out_dir; returns out_dir."""
+def export_best(runs_dir: str | Path, out_dir: str | Path, metric: str = "speedup", engine: str = "vllm") -> Path:
+    """Copy the best run (by measured `metric`) into out_dir, in its layout for `engine`; returns out_dir."""
     row = best(runs_dir, metric)
     run_dir = Path(runs_dir) / row["run_dir"]
     checkpoint = checkpoint_of(run_dir, row["result"])
@@ -42,7 +42,7 @@ def export_best(runs_dir: str | Path, out_dir: str | Path, metric: str = "speedu
     ctx = ExportContext(meta, *scored_with(row["result"]), final_dir=Path(out_dir))
 
     def fill(tmp: Path) -> None:
-        layout, refused = write_layout(tmp, speculator, ctx)  # eagle3: speculators, mlp: mlp_speculator, ...
+        layout, refused = write_layout(tmp, speculator, ctx, engine)  # eagle3: speculators, mlp: mlp_speculator, ...
         shutil.copy2(run_dir / RESULT_FILE, tmp / RESULT_FILE)  # byte for byte, as measured
         (tmp / MODEL_CARD).write_text(model_card(row["result"], metric, meta.get("target_config"), layout, refused,
                                                  ctx.scored_with))
@@ -50,6 +50,7 @@ def export_best(runs_dir: str | Path, out_dir: str | Path, metric: str = "speedu
             "run_id": row["run_id"],
             "source_run_dir": str(run_dir.resolve()),
             "layout": layout,
+            "engine": engine,
             "not_servable": refused,  # why the family's engine layout was not written (empty: it was)
             "scored_with": ctx.scored_with,
             "metric": metric,
@@ -164,6 +165,19 @@ LAYOUT_FILES = {
                    "`lm_heads.i`, `token_map` for a reduced vocabulary); serve with `--speculative-config "
                    "'{\"method\": \"medusa\", \"model\": DIR, \"num_speculative_tokens\": K}'`; "
                    "`speclab.json` maps it back",
+    "sglang_eagle3": "`model.safetensors` + `config.json` of SGLang's `LlamaForCausalLMEagle3` (`fc`, `midlayer.*`, "
+                     "`norm`, `lm_head`, `d2t`/`t2d`; a LlamaConfig with `draft_vocab_size`, `target_hidden_size` and "
+                     "`eagle_config.eagle_aux_hidden_state_layer_ids`, which count decoder-layer outputs); serve with "
+                     "`python -m sglang.launch_server --model-path TARGET --speculative-algorithm EAGLE3 "
+                     "--speculative-draft-model-path DIR --speculative-num-steps K --speculative-eagle-topk 1 "
+                     "--speculative-num-draft-tokens K+1`; `speclab.json` maps it back",
+    "trtllm_eagle3": "`model.safetensors` + `config.json` of TensorRT-LLM's `Eagle3ForCausalLM` (`fc`, `midlayer.*` "
+                     "or `midlayer.i.*`, `norm`, `lm_head`, `d2t`); serve with `Eagle3DecodingConfig("
+                     "speculative_model_dir=DIR, max_draft_len=K, eagle3_layers_to_capture=IDS)`, IDS being "
+                     "`config.json`'s `eagle_config.eagle_aux_hidden_state_layer_ids`; `speclab.json` maps it back",
+    "llama_cpp_eagle3": "vLLM's speculators format (as `--engine vllm` writes it) plus `draft.gguf`, the draft converted "
+                        "by llama.cpp's own `convert_hf_to_gguf.py --target-model-dir`; serve with `llama-server -m "
+                        "TARGET.gguf -md DIR/draft.gguf --spec-type draft-eagle3 --draft-max K`",
     "hf_llama": "`model.safetensors` + `config.json` of a plain `LlamaForCausalLM`: transformers' "
                 "`generate(assistant_model=AutoModelForCausalLM.from_pretrained(DIR))` and vLLM's draft-model "
                 "method load it; `speclab.json` maps it back",

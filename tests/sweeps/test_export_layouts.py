@@ -36,7 +36,7 @@ def target():
     return tiny_llama(seed=0, num_layers=4)
 
 
-def exported(tmp_path, target, family, spec=None, target_config=TARGET_CONFIG, **figures):
+def exported(tmp_path, target, family, spec=None, target_config=TARGET_CONFIG, engine="vllm", **figures):
     """(the speculator, its export): a fake best run around a real saved checkpoint."""
     torch.manual_seed(0)
     # token frequencies in a shuffled order, so the drafted ids are not simply 0..N-1 (d2t is not all zeros)
@@ -47,7 +47,7 @@ def exported(tmp_path, target, family, spec=None, target_config=TARGET_CONFIG, *
     make_run(runs, "run", family=family, params=speculator.num_params(), checkpoint="checkpoints/speculator",
              weights_sha256=weights_sha256(speculator.state_dict()), **{"per_position": (0.5, 0.3), "speedup": 1.3,
                                                                         **figures})
-    return speculator, export_best(runs, tmp_path / "out")
+    return speculator, export_best(runs, tmp_path / "out", engine=engine)
 
 
 def same_state(a, b):
