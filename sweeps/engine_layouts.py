@@ -6,6 +6,7 @@ the reasons its engine could not run a given speculator as measured (`refusals`)
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from pathlib import Path
 from typing import Callable
@@ -89,6 +90,9 @@ def eagle3_refusals(speculator: Speculator, engine: str) -> list[str]:
         if c.hidden_size == speculator.target_info.hidden_size and c.embedding == "trained":
             out.append(f"{engine} replaces the draft's token embedding by the target's when the draft is as wide "
                        "as the target, and this draft trained its own (embedding=trained)")
+    if engine == "llama.cpp" and c.num_layers > 1:
+        out.append("llama.cpp's EAGLE-3 has one decoder layer (its converter takes a draft of num_hidden_layers 1, "
+                   f"its graph asserts n_layer == 1); this draft has {c.num_layers}")
     if engine == "SGLang" and c.num_layers > 1:
         out.append("SGLang's EAGLE-3 layers after the first restart the residual stream from the previous "
                    f"layer's MLP output (llama_eagle3.py BasicDecoderLayer); this draft has {c.num_layers} layers")
@@ -284,7 +288,59 @@ def trtllm_eagle3(speculator: Speculator, ctx: ExportContext, out: Path) -> tupl
     return tensors, eagle3_llama_config(speculator, "LlamaForCausalLMEagle3"), {"weight_map": weight_map}
 
 
-FOREIGN: dict[str, Callable] = {"mlp_speculator": mlp_speculator, "speculators_eagle3": speculators_eagle3,
+def llama_cpp_eagle3(speculator: Speculator, ctx: ExportContext, out: Path) -> tuple[dict, dict, dict]:
+    """The speculators format, which llama.cpp's converter reads (its ids count pre-norm layer
+    inputs, as vLLM's do); `llama_cpp_gguf` converts it once written."""
+    return speculators_eagle3(speculator, ctx, out)
+
+
+LLAMA_CPP_FILE = "llama_cpp.json"  # the GGUF files of a llama.cpp export and the command that serves them
+
+
+def llama_cpp_gguf(out: Path, speculator: Speculator, ctx: ExportContext) -> None:
+    """out/draft.gguf through llama.cpp's own converter (the target's tokenizer and config from
+    its HF directory); a target that exists only in-process is converted too (verifier.gguf)."""
+    from .engines import llama_cpp
+
+    engine = llama_cpp.require()
+    target_dir, target_gguf = _llama_cpp_target(ctx, out, engine)
+    llama_cpp.convert_eagle3(engine, out, target_dir, out / "draft.gguf")
+    final = (ctx.final_dir or out).resolve()
+    k = ctx.k  # a tree-scored run: its depth, as the speculators proposal has it
+    (out / LLAMA_CPP_FILE).write_text(json.dumps({
+        "engine": f"llama.cpp {engine.info['version']} ({llama_cpp.PACKAGE})",
+        "draft": "draft.gguf",
+        "target_gguf": str(target_gguf),
+        "spec_type": "draft-eagle3",
+        "serve": " ".join(["llama-server", "-m", str(target_gguf), *llama_cpp.eagle3_args(final / "draft.gguf", k)]),
+    }, indent=2) + "\n")
+
+
+def _llama_cpp_target(ctx: ExportContext, out: Path, engine) -> tuple[Path, Path]:
+    """(the target's HF directory for the converter, the target's GGUF llama.cpp decodes)."""
+    from speclab.speculator.target.builders import converted_smollm2_dir, smollm2_gguf_path
+
+    from .engines import llama_cpp
+
+    target_config = ctx.meta.get("target_config") or {}
+    builder = current_name(target_config.get("_target_"))
+    if builder == "speclab.speculator.target.builders.smollm2_from_gguf":
+        return converted_smollm2_dir(), smollm2_gguf_path()  # the shipped Q4_1 GGUF is the target as is
+    if builder in KNOWN_VERIFIERS:  # in-process: saved beside the draft by speculators_eagle3
+        verifier = out / VERIFIER_DIR
+        gguf = llama_cpp.convert_target(engine, verifier, out / "verifier.gguf")
+        return verifier, (ctx.final_dir or out).resolve() / gguf.name
+    name = target_config.get("name_or_path")
+    if not name or not Path(name).is_dir():
+        raise ValueError(f"llama.cpp's converter needs the target's HF directory; the target {name!r} is not one")
+    gguf = llama_cpp.convert_target(engine, Path(name), out / "target.gguf")
+    return Path(name), (ctx.final_dir or out).resolve() / gguf.name
+
+
+# layout -> what runs once its files are written
+AFTER_WRITE: dict[str, Callable] = {"llama_cpp_eagle3": llama_cpp_gguf}
+
+FOREIGN: dict[str, Callable] = {"llama_cpp_eagle3": llama_cpp_eagle3, "mlp_speculator": mlp_speculator, "speculators_eagle3": speculators_eagle3,
                                 "hf_llama": hf_llama, "vllm_medusa": vllm_medusa, "sglang_eagle3": sglang_eagle3,
                                 "trtllm_eagle3": trtllm_eagle3}
 

@@ -176,8 +176,11 @@ LAYOUT_FILES = {
                      "speculative_model_dir=DIR, max_draft_len=K, eagle3_layers_to_capture=IDS)`, IDS being "
                      "`config.json`'s `eagle_config.eagle_aux_hidden_state_layer_ids`; `speclab.json` maps it back",
     "llama_cpp_eagle3": "vLLM's speculators format (as `--engine vllm` writes it) plus `draft.gguf`, the draft converted "
-                        "by llama.cpp's own `convert_hf_to_gguf.py --target-model-dir`; serve with `llama-server -m "
-                        "TARGET.gguf -md DIR/draft.gguf --spec-type draft-eagle3 --draft-max K`",
+                        "by llama.cpp's own `convert_hf_to_gguf.py --target-model-dir`, and `llama_cpp.json`, whose `serve` "
+                        "is the command (`llama-server -m TARGET.gguf -md DIR/draft.gguf --spec-type draft-eagle3 "
+                        "--spec-draft-n-max K`); llama.cpp decodes the target from its GGUF (SmolLM2: the shipped "
+                        "Q4_1 file that speclab dequantises), so its target features differ from speclab's by its "
+                        "quantised arithmetic",
     "hf_llama": "`model.safetensors` + `config.json` of a plain `LlamaForCausalLM`: transformers' "
                 "`generate(assistant_model=AutoModelForCausalLM.from_pretrained(DIR))` and vLLM's draft-model "
                 "method load it; `speclab.json` maps it back",

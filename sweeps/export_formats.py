@@ -43,7 +43,7 @@ from speclab.speculator.base import Speculator, TargetInfo
 from speclab.speculator.families import build_speculator, load_speculator, speculator_class
 
 from .checkpoint_meta import SPECLAB_META, checkpoint_meta
-from .engine_layouts import FOREIGN, VOCAB_IDS, ExportContext, refusals
+from .engine_layouts import AFTER_WRITE, FOREIGN, VOCAB_IDS, ExportContext, refusals
 from .export_mlp import from_vllm
 
 __all__ = ["ENGINES", "ExportContext", "SPECLAB_META", "checkpoint_meta", "layout_of", "load_checkpoint",
@@ -93,6 +93,8 @@ def write_layout(out: Path, speculator: Speculator, ctx: ExportContext,
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     meta = {**ctx.meta, "layout": layout, "scored_with": ctx.scored_with, **mapping}
     (out / SPECLAB_META).write_text(json.dumps(meta, indent=2) + "\n")
+    if layout in AFTER_WRITE:  # llama.cpp: its converter reads the written export
+        AFTER_WRITE[layout](out, speculator, ctx)
     return layout, reasons
 
 
