@@ -290,8 +290,11 @@ def trtllm_eagle3(speculator: Speculator, ctx: ExportContext, out: Path) -> tupl
 
 def llama_cpp_eagle3(speculator: Speculator, ctx: ExportContext, out: Path) -> tuple[dict, dict, dict]:
     """The speculators format, which llama.cpp's converter reads (its ids count pre-norm layer
-    inputs, as vLLM's do); `llama_cpp_gguf` converts it once written."""
-    return speculators_eagle3(speculator, ctx, out)
+    inputs, as vLLM's do); `llama_cpp_gguf` converts it once written. llama.cpp requires the
+    draft's context length (`eagle3.context_length`, from max_position_embeddings)."""
+    tensors, config, mapping = speculators_eagle3(speculator, ctx, out)
+    config["transformer_layer_config"]["max_position_embeddings"] = EAGLE3_MAX_POSITIONS
+    return tensors, config, mapping
 
 
 LLAMA_CPP_FILE = "llama_cpp.json"  # the GGUF files of a llama.cpp export and the command that serves them
@@ -312,7 +315,8 @@ def llama_cpp_gguf(out: Path, speculator: Speculator, ctx: ExportContext) -> Non
         "draft": "draft.gguf",
         "target_gguf": str(target_gguf),
         "spec_type": "draft-eagle3",
-        "serve": " ".join(["llama-server", "-m", str(target_gguf), *llama_cpp.eagle3_args(final / "draft.gguf", k)]),
+        "serve": " ".join(["llama-server", "-m", str(target_gguf), *llama_cpp.NO_REPACK,
+                           *llama_cpp.eagle3_args(final / "draft.gguf", k)]),
     }, indent=2) + "\n")
 
 

