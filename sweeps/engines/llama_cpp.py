@@ -25,6 +25,7 @@ import socket
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -233,7 +234,7 @@ def server(engine: LlamaCpp, target_gguf: Path, extra: list[str] = (), threads: 
         port = probe.getsockname()[1]
     command = [str(engine.tool("llama-server")), "-m", str(target_gguf), "--host", "127.0.0.1", "--port", str(port),
                "-t", str(threads), "-c", str(ctx_size), "-np", "1", *NO_REPACK, *extra]
-    log_file = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"llama-server-{port}.log", "w+")
+    log_file = tempfile.TemporaryFile("w+")  # its output, read back only if it fails to start
     process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
