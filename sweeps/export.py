@@ -74,29 +74,29 @@ def best_servable(runs_dir: str | Path, metric: str) -> dict | None:
     return max(eligible, key=lambda row: metric_value(row, metric)) if eligible else None
 
 
-def export_best(runs_dir: str | Path, out_dir: str | Path, metric: str = "speedup") -> Path:
+def export_best(runs_dir: str | Path, out_dir: str | Path, metric: str = "speedup", engine: str = "vllm") -> Path:
     """Copy the best run (by measured `metric`, ties broken by TIE_ORDER: pick_best) into
-    out_dir; returns out_dir. export.json's `tie` names the tied runs (null: no tie).
+    out_dir, in its layout for `engine`; returns out_dir. export.json's `tie` names the tied runs (null: no tie).
 
     An export is for serving: when no engine serves the best run (a corpus, a family with no
     engine layout), out_dir gets the best run an engine can serve, and the best run overall is
     exported beside it (`beside_dir`), each export.json naming the other and the reason."""
     row, tie = pick_best(runs_dir, metric)
-    alternative = None if servable(row) else best_servable(runs_dir, metric)
+    alternative = None if servable(row, engine) else best_servable(runs_dir, metric, engine)
     if alternative is None:
-        return _export_run(runs_dir, row, tie, out_dir, metric)
+        return _export_run(runs_dir, row, tie, out_dir, metric, engine)
     reason = f"no serving engine loads a {row['family']} speculator (docs/serving.md)"
     beside = beside_dir(out_dir)
-    _export_run(runs_dir, row, tie, beside, metric, {"role": "best overall, not servable", "reason": reason,
+    _export_run(runs_dir, row, tie, beside, metric, engine, {"role": "best overall, not servable", "reason": reason,
                                                       "servable_export": str(Path(out_dir))})
-    return _export_run(runs_dir, alternative, None, out_dir, metric, {
+    return _export_run(runs_dir, alternative, None, out_dir, metric, engine, {
         "role": "best servable", "best_overall": {"run_id": row["run_id"], "family": row["family"],
                                                   "value": metric_value(row, metric), "export": str(beside),
                                                   "reason": reason}})
 
 
 def _export_run(runs_dir: str | Path, row: dict, tie: dict | None, out_dir: str | Path, metric: str,
-                role: dict | None = None) -> Path:
+                engine: str, role: dict | None = None) -> Path:
     run_dir = Path(runs_dir) / row["run_dir"]
     checkpoint = checkpoint_of(run_dir, row["result"])
     meta = json.loads((checkpoint / "config.json").read_text())
@@ -104,7 +104,7 @@ def _export_run(runs_dir: str | Path, row: dict, tie: dict | None, out_dir: str 
     ctx = ExportContext(meta, *scored_with(row["result"]), final_dir=Path(out_dir))
 
     def fill(tmp: Path) -> None:
-        layout, refused = write_layout(tmp, speculator, ctx)  # eagle3: speculators, mlp: mlp_speculator, ...
+        layout, refused = write_layout(tmp, speculator, ctx, engine)  # eagle3: speculators, mlp: mlp_speculator, ...
         shutil.copy2(run_dir / RESULT_FILE, tmp / RESULT_FILE)  # byte for byte, as measured
         card = model_card(row["result"], metric, meta.get("target_config"), layout, refused, ctx.scored_with)
         if tie:
@@ -116,6 +116,7 @@ def _export_run(runs_dir: str | Path, row: dict, tie: dict | None, out_dir: str 
             "run_id": row["run_id"],
             "source_run_dir": str(run_dir.resolve()),
             "layout": layout,
+            "engine": engine,
             "not_servable": refused,  # why the family's engine layout was not written (empty: it was)
             "scored_with": ctx.scored_with,
             "metric": metric,
@@ -252,6 +253,22 @@ LAYOUT_FILES = {
                    "`lm_heads.i`, `token_map` for a reduced vocabulary); serve with `--speculative-config "
                    "'{\"method\": \"medusa\", \"model\": DIR, \"num_speculative_tokens\": K}'`; "
                    "`speclab.json` maps it back",
+    "sglang_eagle3": "`model.safetensors` + `config.json` of SGLang's `LlamaForCausalLMEagle3` (`fc`, `midlayer.*`, "
+                     "`norm`, `lm_head`, `d2t`/`t2d`; a LlamaConfig with `draft_vocab_size`, `target_hidden_size` and "
+                     "`eagle_config.eagle_aux_hidden_state_layer_ids`, which count decoder-layer outputs); serve with "
+                     "`python -m sglang.launch_server --model-path TARGET --speculative-algorithm EAGLE3 "
+                     "--speculative-draft-model-path DIR --speculative-num-steps K --speculative-eagle-topk 1 "
+                     "--speculative-num-draft-tokens K+1`; `speclab.json` maps it back",
+    "trtllm_eagle3": "`model.safetensors` + `config.json` of TensorRT-LLM's `Eagle3ForCausalLM` (`fc`, `midlayer.*` "
+                     "or `midlayer.i.*`, `norm`, `lm_head`, `d2t`); serve with `Eagle3DecodingConfig("
+                     "speculative_model_dir=DIR, max_draft_len=K, eagle3_layers_to_capture=IDS)`, IDS being "
+                     "`config.json`'s `eagle_config.eagle_aux_hidden_state_layer_ids`; `speclab.json` maps it back",
+    "llama_cpp_eagle3": "vLLM's speculators format (as `--engine vllm` writes it) plus `draft.gguf`, the draft converted "
+                        "by llama.cpp's own `convert_hf_to_gguf.py --target-model-dir`, and `llama_cpp.json`, whose `serve` "
+                        "is the command (`llama-server -m TARGET.gguf -md DIR/draft.gguf --spec-type draft-eagle3 "
+                        "--spec-draft-n-max K`); llama.cpp decodes the target from its GGUF (SmolLM2: the shipped "
+                        "Q4_1 file that speclab dequantises), so its target features differ from speclab's by its "
+                        "quantised arithmetic",
     "hf_llama": "`model.safetensors` + `config.json` of a plain `LlamaForCausalLM`: transformers' "
                 "`generate(assistant_model=AutoModelForCausalLM.from_pretrained(DIR))` and vLLM's draft-model "
                 "method load it; `speclab.json` maps it back",

@@ -16,6 +16,10 @@ speclab measured (docs/serving.md is the table):
 - `draft_lm` -> a plain `LlamaForCausalLM` over the full vocabulary (transformers' assisted
   generation, vLLM's draft-model method).
 - `medusa` -> vLLM's `MedusaModel` (`blocks.i.layers.j`, `lm_heads.i`, `token_map`).
+- `eagle3` under `--engine sglang` -> SGLang's `LlamaForCausalLMEagle3` (`midlayer.*`, a LlamaConfig
+  with `draft_vocab_size`, `target_hidden_size`, `eagle_config`); under `--engine trtllm` ->
+  TensorRT-LLM's `Eagle3ForCausalLM` (`midlayer[.i].*`, the same config); under `--engine llama.cpp`
+  -> the speculators format beside a GGUF draft converted by llama.cpp's own converter.
 - every other family -> speclab's own self-describing layout (config.json + model.safetensors,
   exactly what `load_speculator` reads).
 
@@ -42,25 +46,44 @@ from speclab.speculator.base import Speculator, TargetInfo
 from speclab.speculator.families import build_speculator, load_speculator, speculator_class
 
 from .checkpoint_meta import SPECLAB_META, checkpoint_meta
-from .engine_layouts import FOREIGN, VOCAB_IDS, ExportContext, refusals
+from .engine_layouts import AFTER_WRITE, FOREIGN, VOCAB_IDS, ExportContext, refusals
 from .export_mlp import from_vllm
 from .speculators_import import is_speculators_checkpoint, load_speculators_checkpoint
 
-__all__ = ["ExportContext", "SPECLAB_META", "checkpoint_meta", "layout_of", "load_checkpoint", "write_layout"]
+__all__ = ["ENGINES", "ExportContext", "SPECLAB_META", "checkpoint_meta", "layout_of", "load_checkpoint",
+           "write_layout"]
 
 log = logging.getLogger(__name__)
 
 
 
-def layout_of(family: str) -> str:
-    return {"eagle3": "speculators_eagle3", "peagle": "speculators_peagle", "dflash": "speculators_dflash",
-            "dspark": "speculators_dspark", "xpress": "speculators_xpress", "mlp": "mlp_speculator",
-            "draft_lm": "hf_llama", "medusa": "vllm_medusa"}.get(family, "speclab")
+ENGINES = ("vllm", "sglang", "trtllm", "llama.cpp")  # `speclab export --engine`; vLLM is the default
+# engine -> family -> its layout; a family missing under an engine has no layout for it
+ENGINE_LAYOUTS = {
+    "vllm": {"eagle3": "speculators_eagle3", "peagle": "speculators_peagle", "dflash": "speculators_dflash",
+             "dspark": "speculators_dspark", "xpress": "speculators_xpress", "mlp": "mlp_speculator",
+             "draft_lm": "hf_llama", "medusa": "vllm_medusa"},
+    "sglang": {"eagle3": "sglang_eagle3"},
+    "trtllm": {"eagle3": "trtllm_eagle3"},
+    "llama.cpp": {"eagle3": "llama_cpp_eagle3"},
+}
 
 
-def write_layout(out: Path, speculator: Speculator, ctx: ExportContext) -> tuple[str, list[str]]:
-    """Write `speculator` into out/ in its family's serving layout -> (layout, why it fell back)."""
-    layout = layout_of(speculator.family)
+def layout_of(family: str, engine: str = "vllm") -> str:
+    """The family's layout for `engine`; speclab's own where vLLM has none. Another engine
+    without a layout for the family is refused rather than silently given speclab's."""
+    if engine not in ENGINE_LAYOUTS:
+        raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+    layouts = ENGINE_LAYOUTS[engine]
+    if engine != "vllm" and family not in layouts:
+        raise ValueError(f"{engine} has no layout for the {family} family (it has one for: {', '.join(layouts)})")
+    return layouts.get(family, "speclab")
+
+
+def write_layout(out: Path, speculator: Speculator, ctx: ExportContext,
+                 engine: str = "vllm") -> tuple[str, list[str]]:
+    """Write `speculator` into out/ in its family's layout for `engine` -> (layout, why it fell back)."""
+    layout = layout_of(speculator.family, engine)
     reasons = refusals(speculator, layout)
     if reasons:
         log.warning("the %s export cannot be served by its engine, so it is written in speclab's own layout: %s",
@@ -76,6 +99,8 @@ def write_layout(out: Path, speculator: Speculator, ctx: ExportContext) -> tuple
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     meta = {**ctx.meta, "layout": layout, "scored_with": ctx.scored_with, **mapping}
     (out / SPECLAB_META).write_text(json.dumps(meta, indent=2) + "\n")
+    if layout in AFTER_WRITE:  # llama.cpp: its converter reads the written export
+        AFTER_WRITE[layout](out, speculator, ctx)
     return layout, reasons
 
 

@@ -228,12 +228,27 @@ def test_peagle_conditional_drop_token_sampling():
 def test_eagle3_default_target_layers_are_low_mid_high():
     assert default_layer_ids(30) == (2, 15, 27)  # SmolLM2-135M: as SpecForge / vLLM pick them
     assert default_layer_ids(32) == (2, 16, 29)
+    assert default_layer_ids(7) == (2, 3, 4)  # the shallowest target where 2, L // 2, L - 3 are distinct
     spec = build_speculator("eagle3", SMALL["eagle3"][0], target_info(num_layers=30))
     assert spec.target_layer_ids == (2, 15, 27)
     cls = speculator_class("eagle3")
     assert cls.layer_ids_for(cls.Config(target_layers=[4, 1]), 30) == (4, 1)
     with pytest.raises(ValueError, match="outside 0..30"):
         cls.layer_ids_for(cls.Config(target_layers=[31]), 30)
+
+
+@pytest.mark.parametrize("num_layers", range(3, 41))
+def test_eagle3_default_target_layers_are_three_distinct_pre_norm_ids_from_three_layers(num_layers):
+    """Every engine's EAGLE-3 reads three distinct pre-norm layers (0..L-1) in ascending order."""
+    ids = default_layer_ids(num_layers)
+    assert len(set(ids)) == 3 and list(ids) == sorted(ids) and 0 <= ids[0] and ids[-1] < num_layers
+
+
+def test_eagle3_default_target_layers_of_shallow_targets():
+    assert default_layer_ids(6) == (1, 3, 5)  # not 2, 3, 3
+    assert default_layer_ids(4) == (1, 2, 3)
+    assert default_layer_ids(3) == (0, 1, 2)
+    assert default_layer_ids(2) == (0, 1)  # two pre-norm layers cannot give three
 
 
 def test_eagle3_d2t_t2d_survive_save_and_load(tmp_path):

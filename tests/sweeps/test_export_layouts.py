@@ -44,7 +44,7 @@ def target():
     return tiny_llama(seed=0, num_layers=4)
 
 
-def exported(tmp_path, target, family, spec=None, target_config=TARGET_CONFIG, prepare=None, **figures):
+def exported(tmp_path, target, family, spec=None, target_config=TARGET_CONFIG, prepare=None, engine="vllm", **figures):
     """(the speculator, its export): a fake best run around a real saved checkpoint; `prepare`
     (the speculator) sets weights before it is saved."""
     torch.manual_seed(0)
@@ -58,7 +58,7 @@ def exported(tmp_path, target, family, spec=None, target_config=TARGET_CONFIG, p
     make_run(runs, "run", family=family, params=speculator.num_params(), checkpoint="checkpoints/speculator",
              weights_sha256=weights_sha256(speculator.state_dict()), **{"per_position": (0.5, 0.3), "speedup": 1.3,
                                                                         **figures})
-    return speculator, export_best(runs, tmp_path / "out")
+    return speculator, export_best(runs, tmp_path / "out", engine=engine)
 
 
 def same_state(a, b):
@@ -150,6 +150,16 @@ def test_eagle3_on_a_target_too_shallow_for_vllm_falls_back_with_the_reason(tmp_
     manifest = json.loads((out / "export.json").read_text())
     assert manifest["layout"] == "speclab" and reason in manifest["not_servable"][0]
     assert reason in (out / "README.md").read_text()
+
+
+@pytest.mark.parametrize("num_layers, ids", [(6, [1, 3, 5]), (3, [0, 1, 2])])
+def test_eagle3_default_layers_on_shallow_targets_are_served(tmp_path, num_layers, ids):
+    """From three layers on, the default ids are three distinct pre-norm ones (6 layers once gave 2, 3, 3)."""
+    shallow = tiny_llama(seed=0, num_layers=num_layers)
+    config = {"_target_": "speclab.speculator.target.builders.tiny_llama", "seed": 0, "num_layers": num_layers}
+    _, out = exported(tmp_path, shallow, "eagle3", target_config=config)
+    assert json.loads((out / "export.json").read_text())["layout"] == "speculators_eagle3"
+    assert json.loads((out / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == ids
 
 
 def test_eagle3_reading_the_post_norm_last_layer_is_refused(tmp_path, target):

@@ -1,0 +1,1 @@
+"""Serving engines speclab builds and drives on this machine (llama.cpp: llama_cpp.py)."""
