@@ -57,10 +57,15 @@ def _tie_rank(row: dict) -> tuple[bool, float, float]:
     return (not servable(row), params if isinstance(params, int) else float("inf"), -(metric_value(row, "speedup") or 0))
 
 
-def servable(row: dict) -> bool:
-    """Whether the run's family exports to a serving engine's layout (export_formats.layout_of;
-    an export whose engine refuses its settings still falls back to speclab's own)."""
-    return bool(row.get("family")) and layout_of(row["family"]) != "speclab"
+def servable(row: dict, engine: str = "vllm") -> bool:
+    """Whether the run's family exports to `engine`'s layout (export_formats.layout_of; an
+    export whose engine refuses its settings still falls back to speclab's own)."""
+    if not row.get("family"):
+        return False
+    try:
+        return layout_of(row["family"], engine) != "speclab"
+    except ValueError:  # the engine has no layout for the family
+        return False
 
 
 def beside_dir(out_dir: str | Path) -> Path:
@@ -69,8 +74,8 @@ def beside_dir(out_dir: str | Path) -> Path:
     return out_dir.with_name(out_dir.name + BESIDE_SUFFIX)
 
 
-def best_servable(runs_dir: str | Path, metric: str) -> dict | None:
-    eligible = [row for row in load_rows(runs_dir) if is_eligible(row, metric) and servable(row)]
+def best_servable(runs_dir: str | Path, metric: str, engine: str = "vllm") -> dict | None:
+    eligible = [row for row in load_rows(runs_dir) if is_eligible(row, metric) and servable(row, engine)]
     return max(eligible, key=lambda row: metric_value(row, metric)) if eligible else None
 
 
