@@ -102,6 +102,13 @@ def test_tree_beats_chain_at_equal_verified_tokens(target, prompt):
     # one block per step: every node of a depth shares its distribution (peagle.py `extend`)
     ("peagle", {"hidden_size": 32, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 64, "block_size": 4,
                 "draft_vocab_size": 64}),
+    # the DFlash line: one block pass per step; dspark's and xpress's heads read the path's tokens
+    ("dflash", {"block_size": 4, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16, "intermediate_size": 64,
+                "draft_vocab_size": 64}),
+    ("dspark", {"block_size": 4, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16, "intermediate_size": 64,
+                "markov_rank": 8, "draft_vocab_size": 64}),
+    ("xpress", {"block_size": 4, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16, "intermediate_size": 64,
+                "xpress_rank": 8, "draft_vocab_size": 64}),
 ])
 def test_real_families_tree_greedy_equals_plain(target, prompt, plain, family, params, cfg):
     speculator = build_speculator(family, params, TargetInfo.of(target)).eval()

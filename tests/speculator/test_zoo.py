@@ -293,6 +293,23 @@ def test_greedy_speculative_decoding_is_lossless_on_tiny(family, tiny):
         assert spec_out.tokens == plain.tokens
 
 
+@pytest.mark.parametrize("learned", ["dflash", "dspark", "xpress"])
+def test_a_hybrid_with_a_block_drafter_is_lossless_as_a_chain_and_as_a_tree(learned, tiny):
+    """The hybrid's learned part a block drafter (configs/speculator/hybrid_dflash.yaml): its
+    steps mix suffix chains and blocks; a tree step unions both. min_match 1: suffix drafts
+    wherever the prompt repeats, so both parts draft."""
+    from speclab.eval.tree import TreeConfig, generate_tree
+
+    torch.manual_seed(8)
+    spec = build_speculator("hybrid", {"learned": dict(real_target_config(learned), family=learned), "min_match": 1},
+                            TargetInfo.of(tiny).with_counts(torch.randint(0, 100, (tiny.vocab_size,)))).eval()
+    prompt = torch.randint(3, tiny.vocab_size, (1, 6)).repeat(1, 3)  # repeats: the suffix part matches
+    plain = generate_plain(tiny, prompt, 16, eos_ids=())
+    assert generate_speculative(tiny, spec, prompt, 16, k=3, eos_ids=()).tokens == plain.tokens
+    tree = TreeConfig(shape="union", depth=3, top_k=2, budget=8)
+    assert generate_tree(tiny, spec, prompt, 16, tree, eos_ids=()).tokens == plain.tokens
+
+
 @pytest.mark.slow
 def test_greedy_speculative_decoding_is_lossless_on_smollm2():
     """Every family, untrained, at its shipped default size, on the real SmolLM2-135M target."""
