@@ -98,7 +98,7 @@ def test_halving_is_the_speclab_sweeper_ranking_by_a_measured_metric():
 def test_parallel_crosses_block_size_layers_and_width_of_a_block_drafter():
     cfg = _compose(["+sweep=parallel", "target=tiny"])
     params = cfg.hydra.sweeper.params
-    assert cfg.speculator.family == "dflash"
+    assert params["speculator"] == "dflash"
     assert [int(v) for v in params["speculator.block_size"].split(",")] == [4, 8, 16]
     assert [int(v) for v in params["speculator.num_layers"].split(",")] == [1, 2]
     assert len(params["speculator.intermediate_size"].split(",")) >= 2

@@ -29,7 +29,7 @@ EXTRA = {"halving": ["hydra.sweeper.min_budget=2", "hydra.sweeper.rungs=2", "hyd
          # the demo's and the full recipe's token budgets, cut to the tiny target's
          "demo": ["data.max_tokens=200"], "smollm2_full": ["data.max_tokens=200"],
          # one cell of the block drafters' grid (its crossing: test_sweep_configs.py)
-         "parallel": ["data.max_tokens=200", "speculator.block_size=4", "speculator.num_layers=1",
+         "parallel": ["data.max_tokens=200", "speculator=dflash", "speculator.block_size=4", "speculator.num_layers=1",
                       "speculator.intermediate_size=32"]}
 
 
