@@ -185,6 +185,25 @@ def speculators_peagle(speculator: Speculator, ctx: ExportContext, out: Path) ->
     }, speculative_tokens=speculator.config.block_size)
 
 
+def llama_layer_fields(c) -> dict:
+    """The Llama decoder-layer fields of an EAGLE-3 draft's config (eagle3 / peagle config `c`),
+    as every engine's layout states them: speclab's layers are these exactly."""
+    return {
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": c.num_layers,
+        "num_attention_heads": c.num_heads,
+        "num_key_value_heads": c.num_kv_heads,
+        "head_dim": c.hidden_size // c.num_heads,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": c.rope_theta,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+    }
+
+
 def _speculators_format(speculator: Speculator, ctx: ExportContext, out: Path, kind: str, extra: dict,
                         speculative_tokens: int | None = None) -> tuple[dict, dict, dict]:
     c, target = speculator.config, speculator.target_info
@@ -206,18 +225,7 @@ def _speculators_format(speculator: Speculator, ctx: ExportContext, out: Path, k
             "model_type": "llama",
             "architectures": ["LlamaForCausalLM"],
             "vocab_size": target.vocab_size,
-            "hidden_size": c.hidden_size,
-            "intermediate_size": c.intermediate_size,
-            "num_hidden_layers": c.num_layers,
-            "num_attention_heads": c.num_heads,
-            "num_key_value_heads": c.num_kv_heads,
-            "head_dim": c.hidden_size // c.num_heads,
-            "rms_norm_eps": 1e-6,
-            "rope_theta": c.rope_theta,
-            "hidden_act": "silu",
-            "attention_bias": False,
-            "mlp_bias": False,
-            "tie_word_embeddings": False,
+            **llama_layer_fields(c),
         },
         "speculators_config": {
             "algorithm": kind,
@@ -325,19 +333,8 @@ def eagle3_llama_config(speculator: Speculator, architecture: str) -> dict:
     return {
         "architectures": [architecture],
         "model_type": "llama",
-        "hidden_size": c.hidden_size,
-        "intermediate_size": c.intermediate_size,
-        "num_hidden_layers": c.num_layers,
-        "num_attention_heads": c.num_heads,
-        "num_key_value_heads": c.num_kv_heads,
-        "head_dim": c.hidden_size // c.num_heads,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": c.rope_theta,
-        "hidden_act": "silu",
+        **llama_layer_fields(c),  # tie_word_embeddings false: its own lm_head over the draft vocabulary
         "max_position_embeddings": EAGLE3_MAX_POSITIONS,
-        "attention_bias": False,
-        "mlp_bias": False,
-        "tie_word_embeddings": False,  # its own lm_head over the draft vocabulary
         "vocab_size": target.vocab_size,
         "draft_vocab_size": speculator.vocab.size,
         "target_hidden_size": target.hidden_size,
