@@ -199,6 +199,7 @@ TABLES: dict[str, tuple[str, Callable[[list[dict]], str]]] = {
     "demo": ("docs/records/demo.csv", printout),
     "demo-medians": ("docs/records/demo.csv", medians),
     "demo-machines": ("docs/records/demo_machines.csv", demo_machines),
+    "block-drafters": ("docs/records/block_drafters.csv", printout),
     "runtime": ("docs/records/runtime.csv", runtime),
     "full-recipe": ("docs/records/full_recipe.csv", medians),
     "full-recipe-categories": ("docs/records/full_recipe_categories.csv", categories),
