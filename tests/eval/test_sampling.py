@@ -9,6 +9,7 @@ from speclab.eval.metrics import AcceptanceStats
 from speclab.eval.sampling import SamplingConfig, TokenChooser
 from speclab.speculator.base import TargetInfo
 from speclab.speculator.families import build_speculator
+from parallel_drafters import PARALLEL_DRAFTERS
 from speculator_stubs import NeverSpeculator, OracleSpeculator, SometimesSpeculator, scripted
 
 MAX_NEW = 12
@@ -69,15 +70,7 @@ def test_engine_verifies_warped_logits_against_one_hot_drafts(target, prompt, ml
 @pytest.mark.parametrize("family, params", [
     ("mlp", {"n_predict": 3, "inner_dim": 32, "draft_vocab_size": 64}),
     ("draft_lm", {"num_layers": 1, "hidden_size": 32, "num_heads": 2, "intermediate_size": 64}),
-    ("peagle", {"hidden_size": 32, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 64, "block_size": 4,
-                "draft_vocab_size": 64}),
-    # the DFlash line: one block pass per step; dspark's and xpress's heads read the path's tokens
-    ("dflash", {"block_size": 4, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16, "intermediate_size": 64,
-                "draft_vocab_size": 64}),
-    ("dspark", {"block_size": 4, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16, "intermediate_size": 64,
-                "markov_rank": 8, "draft_vocab_size": 64}),
-    ("xpress", {"block_size": 4, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16, "intermediate_size": 64,
-                "xpress_rank": 8, "draft_vocab_size": 64}),
+    *PARALLEL_DRAFTERS,
 ])
 def test_sampled_drafts_are_seeded_and_lossless_on_a_point_mass_target(target, prompt, family, params):
     # drafts="sample" draws each draft from the draft's warped distribution (q is that

@@ -11,6 +11,7 @@ from speclab.eval.tree import (DraftTree, TreeConfig, draft_tree, generate_tree,
 from speclab.speculator.base import TargetInfo
 from speclab.speculator.families import build_speculator
 from stat_checks import chi2_pvalue
+from parallel_drafters import PARALLEL_DRAFTERS
 from speculator_stubs import NeverSpeculator, OracleSpeculator, SometimesSpeculator, TakeTurnsSpeculator, scripted
 
 MAX_NEW = 16
@@ -99,16 +100,7 @@ def test_tree_beats_chain_at_equal_verified_tokens(target, prompt):
     ("mlp", {"n_predict": 3, "inner_dim": 32}),
     ("draft_lm", {"num_layers": 1, "hidden_size": 32, "num_heads": 2, "intermediate_size": 64}),
     ("mlp", {"n_predict": 3, "inner_dim": 32, "draft_vocab_size": 64}),
-    # one block per step: every node of a depth shares its distribution (peagle.py `extend`)
-    ("peagle", {"hidden_size": 32, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 64, "block_size": 4,
-                "draft_vocab_size": 64}),
-    # the DFlash line: one block pass per step; dspark's and xpress's heads read the path's tokens
-    ("dflash", {"block_size": 4, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16, "intermediate_size": 64,
-                "draft_vocab_size": 64}),
-    ("dspark", {"block_size": 4, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16, "intermediate_size": 64,
-                "markov_rank": 8, "draft_vocab_size": 64}),
-    ("xpress", {"block_size": 4, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16, "intermediate_size": 64,
-                "xpress_rank": 8, "draft_vocab_size": 64}),
+    *PARALLEL_DRAFTERS,
 ])
 def test_real_families_tree_greedy_equals_plain(target, prompt, plain, family, params, cfg):
     speculator = build_speculator(family, params, TargetInfo.of(target)).eval()
