@@ -63,6 +63,9 @@ def add_parser(commands) -> argparse.ArgumentParser:
     bench.add_argument("--no-peers", dest="peers", action="store_false",
                        help="skip transformers' generate and prompt lookup (the assistant's peer stays): "
                             "on a CPU they take most of a bench's time")
+    bench.add_argument("--engine", choices=("speclab", "llama.cpp"), default="speclab",
+                       help="llama.cpp: one exported draft decoded by speclab and by llama.cpp (with llama.cpp's "
+                            "plain decoding and its n-gram drafters) on the same prompts (engines/llama_cpp_bench.py)")
     bench.add_argument("overrides", nargs="*", help="target.KEY=VALUE changes to the recorded target")
     return bench
 
@@ -102,6 +105,10 @@ def prompt_sets(args: argparse.Namespace) -> dict[str, list[dict]]:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.engine == "llama.cpp":
+        from .engines.llama_cpp_bench import cmd_bench_llama_cpp
+
+        return cmd_bench_llama_cpp(args)
     import torch
 
     from speclab.eval.prompts import encode_prompt

@@ -6,6 +6,7 @@
     speclab export --best --metric speedup --out DIR [--runs DIR] [--engine vllm|sglang|trtllm|llama.cpp]
     speclab bench --speculator DIR [--assistant DIR] [--prompts FILE] [...]   peers side by side (bench.py)
     speclab engine build|status llama.cpp [--sdist FILE] [--jobs N]   the engine build (sweeps/engines/)
+    speclab serve EXPORT [--port P] [--dry-run]   serve an export with llama.cpp (sweeps/engines/serve.py)
     speclab sweep NAME [HYDRA OVERRIDES]  the predefined sweep configs/sweep/NAME.yaml
     speclab dashboard [--runs DIR] [--port PORT] [--host HOST]   live results page
     speclab doctor [--measure] [--json] [--target NAME]   the machine profile (doctor.py)
@@ -26,6 +27,7 @@ from typing import Sequence
 from speclab.speculator.target.cpu_gemm import prefer_fast_small_gemm
 
 from . import bench, doctor
+from .engines import serve
 from .errors import USAGE_ERROR, CliError, user_errors
 from .run_rows import METRICS, load_rows
 from .results import find_speculator_checkpoint, write_json_atomic
@@ -49,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("sweep", help="the predefined sweep configs/sweep/NAME.yaml: NAME [HYDRA OVERRIDES]", add_help=False)
     bench.add_parser(commands)
     doctor.add_parser(commands)
+    serve.add_parser(commands)
     from .dashboard.cli import add_dashboard_parser  # the logic lives in sweeps/dashboard/
     add_dashboard_parser(commands)
 
@@ -173,6 +176,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(tie_line(manifest["tie"]))
     if manifest.get("role"):
         print(role_line(manifest["role"]))
+    with user_errors():
+        hint = serve.serve_hint(out)
+    if hint:
+        print(hint)
     return 0
 
 
@@ -304,4 +311,4 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"runs": cmd_runs, "export": cmd_export, "engine": cmd_engine, "eval": cmd_eval, "dashboard": cmd_dashboard,
-            "bench": bench.cmd_bench, "doctor": doctor.cmd_doctor}
+            "bench": bench.cmd_bench, "doctor": doctor.cmd_doctor, "serve": serve.cmd_serve}

@@ -15,6 +15,7 @@ import torch
 
 from speclab.speculator.base import Speculator
 
+from .engines.llama_cpp import LLAMA_CPP_FILE
 from .export_mlp import to_vllm
 from .target_spec import current_name, parse_target_spec
 
@@ -380,7 +381,6 @@ def llama_cpp_eagle3(speculator: Speculator, ctx: ExportContext, out: Path) -> t
     return tensors, config, mapping
 
 
-LLAMA_CPP_FILE = "llama_cpp.json"  # the GGUF files of a llama.cpp export and the command that serves them
 
 
 def llama_cpp_gguf(out: Path, speculator: Speculator, ctx: ExportContext) -> None:
@@ -398,6 +398,7 @@ def llama_cpp_gguf(out: Path, speculator: Speculator, ctx: ExportContext) -> Non
         "draft": "draft.gguf",
         "target_gguf": str(target_gguf),
         "spec_type": "draft-eagle3",
+        "k": k,
         "serve": " ".join(["llama-server", "-m", str(target_gguf), *llama_cpp.NO_REPACK,
                            *llama_cpp.eagle3_args(final / "draft.gguf", k)]),
     }, indent=2) + "\n")

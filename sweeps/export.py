@@ -136,6 +136,47 @@ def _export_run(runs_dir: str | Path, row: dict, tie: dict | None, out_dir: str 
     return replace_dir(Path(out_dir), fill)
 
 
+def export_for_engine(source: str | Path, out_dir: str | Path, engine: str) -> Path:
+    """An existing export rewritten in `engine`'s layout (`speclab serve` turns the demo's vLLM export
+    into llama.cpp's): the same weights, result.json and method, refused where that engine has no
+    layout for the family or could not compute it as measured. Both files are read as data."""
+    source = Path(source)
+    manifest_file, result_file = source / EXPORT_MANIFEST, source / RESULT_FILE
+    for needed in (manifest_file, result_file):
+        if not needed.is_file():
+            raise FileNotFoundError(f"{source} is not a speclab export: it has no {needed.name}")
+    from .checkpoint_meta import checkpoint_meta
+    from .export_formats import load_checkpoint
+
+    manifest, result = json.loads(manifest_file.read_text()), json.loads(result_file.read_text())
+    meta = checkpoint_meta(source)
+    family = meta.get("family")
+    layout_of(str(family), engine)  # an engine without a layout for the family: refused in one line
+    speculator = load_checkpoint(source, live_target_info(meta))
+    expected = result.get("final_weights_sha256")
+    if expected and weights_sha256(speculator.state_dict()) != expected:
+        raise ValueError(f"{source} holds weights other than the ones its result.json measured: the export was changed")
+    ctx = ExportContext(meta, *scored_with(result), final_dir=Path(out_dir))
+
+    def fill(tmp: Path) -> None:
+        layout, refused = write_layout(tmp, speculator, ctx, engine)
+        if refused:
+            raise ValueError(f"{engine} cannot serve {source} as it was measured: {'; '.join(refused)}")
+        shutil.copy2(result_file, tmp / RESULT_FILE)
+        card = model_card(result, str(manifest.get("metric") or "speedup"), meta.get("target_config"), layout, refused,
+                          ctx.scored_with)
+        (tmp / MODEL_CARD).write_text(card + f"\nWritten for {engine} from the export {source.resolve()}.\n")
+        write_json_atomic(tmp / EXPORT_MANIFEST, {
+            **{key: manifest.get(key) for key in ("run_id", "source_run_dir", "metric", "value", "speedup_ci", "tie",
+                                                  "role", "final_weights_sha256")},
+            "layout": layout, "engine": engine, "not_servable": refused, "scored_with": ctx.scored_with,
+            "converted_from": str(source.resolve()),
+            "exported_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        })
+
+    return replace_dir(Path(out_dir), fill)
+
+
 def role_line(role: dict) -> str:
     """One line saying which of a servable / best-overall pair an export is."""
     if "best_overall" in role:

@@ -44,6 +44,7 @@ TOOLS = ("llama-server", "llama-cli", "llama-speculative-simple", "llama-bench")
 CMAKE_FLAGS = ("-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF",
                "-DCMAKE_BUILD_TYPE=Release")
 BUILD_INFO = "build.json"
+LLAMA_CPP_FILE = "llama_cpp.json"  # an export's GGUF files and how they are served (engine_layouts.llama_cpp_gguf)
 # Weight repacking off: with it, this build's first compute on SmolLM2's Q4_1 GGUF segfaults on an AMX CPU
 # (llama-server's warm-up and llama-bench alike, with or without flash attention, on 1 or 2 threads).
 NO_REPACK = ("-nr",)
