@@ -189,6 +189,9 @@ def cmd_engine(args: argparse.Namespace) -> int:
     with user_errors():
         if args.action == "build":
             built = llama_cpp.find() is None
+            if built:
+                print(f"building llama.cpp {llama_cpp.VERSION} into {llama_cpp.engine_dir()} "
+                      "(15 to 50 minutes on 2 cores; the logs are kept in the entry)", flush=True)
             engine = llama_cpp.build(jobs=args.jobs, sdist=args.sdist)
         else:
             engine = llama_cpp.require()

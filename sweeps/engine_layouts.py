@@ -35,7 +35,7 @@ EAGLE3_AUX_LAYERS = VLLM_EAGLE3_AUX_LAYERS  # as do SGLang's, TensorRT-LLM's (by
 EAGLE3_ENGINES = {"speculators_eagle3": "vLLM", "sglang_eagle3": "SGLang", "trtllm_eagle3": "TensorRT-LLM",
                   "llama_cpp_eagle3": "llama.cpp"}
 # A rope table size only: SGLang and TensorRT-LLM read it from the draft's config, and it covers the targets' contexts
-EAGLE3_MAX_POSITIONS = 32768
+DRAFT_MAX_POSITIONS = 32768
 
 
 @dataclasses.dataclass
@@ -58,14 +58,23 @@ def refusals(speculator: Speculator, layout: str) -> list[str]:
         return eagle3_refusals(speculator, EAGLE3_ENGINES[layout])
     if layout == "speculators_peagle":  # P-EAGLE reads the target as EAGLE-3 does, served by vLLM
         return eagle3_refusals(speculator, "vLLM")
-    if layout in ("speculators_dflash", "speculators_dspark", "speculators_xpress"):
+    if layout in ("speculators_dflash", "speculators_dspark", "speculators_xpress", "llama_cpp_dflash",
+                  "llama_cpp_dspark"):
+        engine = "llama.cpp" if layout.startswith("llama_cpp") else "vLLM"
         L, ids, out = speculator.target_info.num_layers, list(speculator.target_layer_ids), []
         if any(i >= L for i in ids):
-            out.append(f"target layer {L} was read after the final norm (HF hidden_states[{L}]), but vLLM hands "
+            out.append(f"target layer {L} was read after the final norm (HF hidden_states[{L}]), but {engine} hands "
                        f"the draft the pre-norm residual stream; train on layers 0..{L - 1}")
         if speculator.vocab.full and speculator.config.head == "trained":
             out.append("speculators reloads a full-vocabulary DFlash head from the verifier, and this draft trained "
                        "its own; train with head=frozen or a reduced draft_vocab_size")
+        if engine == "llama.cpp" and speculator.vocab.full:
+            out.append("llama.cpp's converter drops a full-vocabulary draft head and the draft then decodes through "
+                       "whatever token table its GGUF holds, which speclab has not checked against its own head; "
+                       "train with a reduced draft_vocab_size (its head and d2t are converted)")
+        if layout == "llama_cpp_dspark" and speculator.config.markov_head != "vanilla":
+            out.append(f"llama.cpp's converter takes only the vanilla Markov head; this draft has "
+                       f"markov_head={speculator.config.markov_head}")
         return out
     if layout == "mlp_speculator" and speculator.config.tie_weights and speculator.config.n_predict < 2:
         return ["vLLM's MLPSpeculator refuses tied weights with a single stage (n_predict 1); train untied"]
@@ -335,7 +344,7 @@ def eagle3_llama_config(speculator: Speculator, architecture: str) -> dict:
         "architectures": [architecture],
         "model_type": "llama",
         **llama_layer_fields(c),  # tie_word_embeddings false: its own lm_head over the draft vocabulary
-        "max_position_embeddings": EAGLE3_MAX_POSITIONS,
+        "max_position_embeddings": DRAFT_MAX_POSITIONS,
         "vocab_size": target.vocab_size,
         "draft_vocab_size": speculator.vocab.size,
         "target_hidden_size": target.hidden_size,
@@ -377,10 +386,19 @@ def llama_cpp_eagle3(speculator: Speculator, ctx: ExportContext, out: Path) -> t
     inputs, as vLLM's do); `llama_cpp_gguf` converts it once written. llama.cpp requires the
     draft's context length (`eagle3.context_length`, from max_position_embeddings)."""
     tensors, config, mapping = speculators_eagle3(speculator, ctx, out)
-    config["transformer_layer_config"]["max_position_embeddings"] = EAGLE3_MAX_POSITIONS
+    config["transformer_layer_config"]["max_position_embeddings"] = DRAFT_MAX_POSITIONS
     return tensors, config, mapping
 
 
+
+
+def llama_cpp_block(speculator: Speculator, ctx: ExportContext, out: Path) -> tuple[dict, dict, dict]:
+    """dflash and dspark: the speculators format (vLLM's), which llama.cpp's converter reads
+    (engines/llama_cpp.convert_draft); `llama_cpp_gguf` converts it once written. llama.cpp requires
+    the draft's context length (`dflash.context_length`, from max_position_embeddings)."""
+    tensors, config, mapping = speculators_dflash(speculator, ctx, out)
+    config["transformer_layer_config"]["max_position_embeddings"] = DRAFT_MAX_POSITIONS
+    return tensors, config, mapping
 
 
 def llama_cpp_gguf(out: Path, speculator: Speculator, ctx: ExportContext) -> None:
@@ -390,17 +408,18 @@ def llama_cpp_gguf(out: Path, speculator: Speculator, ctx: ExportContext) -> Non
 
     target_dir, target_gguf = _llama_cpp_target(ctx, out)
     engine = llama_cpp.require()
-    llama_cpp.convert_eagle3(engine, out, target_dir, out / "draft.gguf")
+    llama_cpp.convert_draft(engine, speculator.family, out, target_dir, out / "draft.gguf")
     final = (ctx.final_dir or out).resolve()
-    k = ctx.k  # a tree-scored run: its depth, as the speculators proposal has it
+    k = min(ctx.k, speculator.max_draft_len() or ctx.k)  # a tree-scored run: its depth; a block: at most its drafts
+    spec_type = llama_cpp.SPEC_TYPES[speculator.family]
     (out / LLAMA_CPP_FILE).write_text(json.dumps({
         "engine": f"llama.cpp {engine.info['version']} ({llama_cpp.PACKAGE})",
         "draft": "draft.gguf",
         "target_gguf": str(target_gguf),
-        "spec_type": "draft-eagle3",
+        "spec_type": spec_type,
         "k": k,
         "serve": " ".join(["llama-server", "-m", str(target_gguf), *llama_cpp.NO_REPACK,
-                           *llama_cpp.eagle3_args(final / "draft.gguf", k)]),
+                           *llama_cpp.draft_args(final / "draft.gguf", spec_type, k)]),
     }, indent=2) + "\n")
 
 
@@ -426,14 +445,16 @@ def _llama_cpp_target(ctx: ExportContext, out: Path) -> tuple[Path, Path]:
 
 
 # layout -> what runs once its files are written
-AFTER_WRITE: dict[str, Callable] = {"llama_cpp_eagle3": llama_cpp_gguf}
+AFTER_WRITE: dict[str, Callable] = {"llama_cpp_eagle3": llama_cpp_gguf, "llama_cpp_dflash": llama_cpp_gguf,
+                                    "llama_cpp_dspark": llama_cpp_gguf}
 
 FOREIGN: dict[str, Callable] = {"mlp_speculator": mlp_speculator, "speculators_eagle3": speculators_eagle3,
                                 "speculators_peagle": speculators_peagle,
                                 "speculators_dflash": speculators_dflash, "speculators_dspark": speculators_dflash,
                                 "speculators_xpress": speculators_dflash, "hf_llama": hf_llama,
                                 "vllm_medusa": vllm_medusa, "sglang_eagle3": sglang_eagle3,
-                                "trtllm_eagle3": trtllm_eagle3, "llama_cpp_eagle3": llama_cpp_eagle3}
+                                "trtllm_eagle3": trtllm_eagle3, "llama_cpp_eagle3": llama_cpp_eagle3,
+                                "llama_cpp_dflash": llama_cpp_block, "llama_cpp_dspark": llama_cpp_block}
 
 
 def verifier_of(ctx: ExportContext, target_name: str, out: Path) -> tuple[str | None, str | None]:

@@ -137,22 +137,26 @@ def _export_run(runs_dir: str | Path, row: dict, tie: dict | None, out_dir: str 
 
 
 def export_for_engine(source: str | Path, out_dir: str | Path, engine: str) -> Path:
-    """An existing export rewritten in `engine`'s layout (`speclab serve` turns the demo's vLLM export
-    into llama.cpp's): the same weights, result.json and method, refused where that engine has no
+    """An existing export, or a run, written in `engine`'s layout (`speclab serve` turns the demo's
+    vLLM export into llama.cpp's): the same weights, result.json and method, refused where that engine has no
     layout for the family or could not compute it as measured. Both files are read as data."""
     source = Path(source)
-    manifest_file, result_file = source / EXPORT_MANIFEST, source / RESULT_FILE
-    for needed in (manifest_file, result_file):
-        if not needed.is_file():
-            raise FileNotFoundError(f"{source} is not a speclab export: it has no {needed.name}")
+    result_file = source / RESULT_FILE
+    if not result_file.is_file():
+        raise FileNotFoundError(f"{source} is neither a speclab export nor a run: it has no {RESULT_FILE}")
     from .checkpoint_meta import checkpoint_meta
     from .export_formats import load_checkpoint
 
-    manifest, result = json.loads(manifest_file.read_text()), json.loads(result_file.read_text())
-    meta = checkpoint_meta(source)
+    result = json.loads(result_file.read_text())
+    if (source / EXPORT_MANIFEST).is_file():
+        manifest, checkpoint = json.loads((source / EXPORT_MANIFEST).read_text()), source
+    else:  # a run directory
+        manifest, checkpoint = {"run_id": result.get("run_id"), "source_run_dir": str(source.resolve())}, \
+            checkpoint_of(source, result)
+    meta = checkpoint_meta(checkpoint)
     family = meta.get("family")
     layout_of(str(family), engine)  # an engine without a layout for the family: refused in one line
-    speculator = load_checkpoint(source, live_target_info(meta))
+    speculator = load_checkpoint(checkpoint, live_target_info(meta))
     expected = result.get("final_weights_sha256")
     if expected and weights_sha256(speculator.state_dict()) != expected:
         raise ValueError(f"{source} holds weights other than the ones its result.json measured: the export was changed")
@@ -315,6 +319,12 @@ LAYOUT_FILES = {
                         "--spec-draft-n-max K`); llama.cpp decodes the target from its GGUF (SmolLM2: the shipped "
                         "Q4_1 file that speclab dequantises), so its target features differ from speclab's by its "
                         "quantised arithmetic",
+    "llama_cpp_dflash": "vLLM's speculators format (as `--engine vllm` writes it) plus `draft.gguf`, converted by "
+                        "llama.cpp's own `convert_hf_to_gguf.py` through its reader of speculators' DFlash-lineage "
+                        "schema, and `llama_cpp.json` (`llama-server ... --spec-type draft-dflash`): the pending token "
+                        "and block_size - 1 mask tokens, drafted in one pass",
+    "llama_cpp_dspark": "vLLM's speculators format plus `draft.gguf` (llama.cpp's DFLASH architecture with the "
+                        "Markov head) and `llama_cpp.json` (`llama-server ... --spec-type draft-dspark`)",
     "hf_llama": "`model.safetensors` + `config.json` of a plain `LlamaForCausalLM`: transformers' "
                 "`generate(assistant_model=AutoModelForCausalLM.from_pretrained(DIR))` and vLLM's draft-model "
                 "method load it; `speclab.json` maps it back",

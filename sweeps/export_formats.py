@@ -18,8 +18,9 @@ speclab measured (docs/serving.md is the table):
 - `medusa` -> vLLM's `MedusaModel` (`blocks.i.layers.j`, `lm_heads.i`, `token_map`).
 - `eagle3` under `--engine sglang` -> SGLang's `LlamaForCausalLMEagle3` (`midlayer.*`, a LlamaConfig
   with `draft_vocab_size`, `target_hidden_size`, `eagle_config`); under `--engine trtllm` ->
-  TensorRT-LLM's `Eagle3ForCausalLM` (`midlayer[.i].*`, the same config); under `--engine llama.cpp`
-  -> the speculators format beside a GGUF draft converted by llama.cpp's own converter.
+  TensorRT-LLM's `Eagle3ForCausalLM` (`midlayer[.i].*`, the same config); `eagle3`, `dflash` and
+  `dspark` under `--engine llama.cpp` -> the speculators format beside a GGUF draft converted by
+  llama.cpp's own converter.
 - every other family -> speclab's own self-describing layout (config.json + model.safetensors,
   exactly what `load_speculator` reads).
 
@@ -65,7 +66,7 @@ ENGINE_LAYOUTS = {
              "draft_lm": "hf_llama", "medusa": "vllm_medusa"},
     "sglang": {"eagle3": "sglang_eagle3"},
     "trtllm": {"eagle3": "trtllm_eagle3"},
-    "llama.cpp": {"eagle3": "llama_cpp_eagle3"},
+    "llama.cpp": {"eagle3": "llama_cpp_eagle3", "dflash": "llama_cpp_dflash", "dspark": "llama_cpp_dspark"},
 }
 
 

