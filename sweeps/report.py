@@ -2,6 +2,7 @@
 
     python -m speclab.sweeps.report render [--check]
     python -m speclab.sweeps.report record --runs runs/demo --name demo [--scoring NAME] [--command CMD] [--replace]
+    python -m speclab.sweeps.report record-engine --json BENCH.json --name NAME --command CMD
 
 A record is a CSV file under docs/records/ (docs/study_cells.csv is the data-scaling
 study's): one row per scoring of one thing, with the machine, its CPU flags, the date and
@@ -36,7 +37,7 @@ from .records import RUN_COLUMNS, latest_printout, number, read_record, scorings
 from .table import (align, best_baseline, format_lossless, format_method, format_params, format_per_position,
                     note, sort_by_speedup)
 
-PAGES = ("README.md", "docs/results.md")
+PAGES = ("README.md", "docs/results.md", "docs/serving.md")
 BLOCK = re.compile(r"(<!-- table:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /table:(?P=name) -->)", re.S)
 SHOWN_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")  # the flags that pick a kernel path
 
@@ -194,6 +195,32 @@ def study_baselines(rows: list[dict]) -> str:
                       measured_on(base, machine="host"), ""])
 
 
+def engines(rows: list[dict]) -> str:
+    """One draft in speclab and in llama.cpp (`speclab bench --engine llama.cpp`): each method over
+    the record's scorings, each engine's speedup over its own plain decoding."""
+    by: dict[tuple, list[dict]] = {}
+    for row in rows:
+        by.setdefault((row["engine"], row["method"]), []).append(row)
+    cells = []
+    for (engine, method), scored in by.items():
+        ci = (number(scored[0]["ci_low"]), number(scored[0]["ci_high"]))
+        drafted = sum(number(r["drafted"]) or 0 for r in scored)
+        accepted = sum(number(r["accepted"]) or 0 for r in scored)
+        cells.append([engine, f"`{method}`", spread([number(r["tok_s"]) for r in scored], ".1f"),
+                      spread([number(r["speedup"]) for r in scored], unit="x", ci=ci),
+                      spread([number(r["acceptance_length"]) for r in scored]),
+                      f"{accepted / drafted:.2f}" if drafted else "–",
+                      " ".join(dict.fromkeys(r["lossless"] for r in scored))])
+    header = ["engine", "method", "tok/s", "speedup over the engine's plain", "acceptance length",
+              "accepted / drafted", "lossless"]
+    plain = [r for r in rows if r["vs_speclab_plain"]]
+    across = (f"llama.cpp's plain decoding ran {spread([number(r['vs_speclab_plain']) for r in plain], unit='x')} "
+              f"speclab's plain tok/s; the two engines' plain tokens agreed on "
+              f"{', '.join(dict.fromkeys(r['plain_agree'] for r in plain))} prompts. ") if plain else ""
+    return "\n".join([markdown(header, cells), "", f"{len(scorings(rows))} scorings in one process. " + across +
+                      measured_on(rows) + " " + commands_of(rows)])
+
+
 # name -> (record, how it is drawn)
 TABLES: dict[str, tuple[str, Callable[[list[dict]], str]]] = {
     "demo": ("docs/records/demo.csv", printout),
@@ -203,6 +230,8 @@ TABLES: dict[str, tuple[str, Callable[[list[dict]], str]]] = {
     "runtime": ("docs/records/runtime.csv", runtime),
     "full-recipe": ("docs/records/full_recipe.csv", medians),
     "full-recipe-categories": ("docs/records/full_recipe_categories.csv", categories),
+    "llama-cpp-eagle3": ("docs/records/llama_cpp_eagle3.csv", engines),
+    "llama-cpp-block-drafters": ("docs/records/llama_cpp_block_drafters.csv", engines),
     "data-scaling": ("docs/study_cells.csv", study_grid),
     "data-scaling-baselines": ("docs/study_cells.csv", study_baselines),
 }
@@ -291,6 +320,28 @@ def append_record(path: Path, rows: list[dict], replace: bool = False) -> None:
         writer.writerows(rows)
 
 
+def record_engine(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    import json
+
+    from speclab.kernels.native import cpu_info
+
+    from .engines.llama_cpp_bench import ENGINE_COLUMNS, record_rows
+
+    if not re.fullmatch(r"[\w-]+", args.name):
+        parser.error(f"--name {args.name!r}: letters, digits, '-' and '_' only")
+    model, flags = cpu_info()
+    rows = record_rows(json.loads(args.json.read_text()), args.command, f"{model or 'unknown CPU'} ({os.cpu_count()} cores)",
+                       " ".join(f for f in SHOWN_FLAGS if f in flags), datetime.date.today().isoformat())
+    path = args.root / "docs" / "records" / f"{args.name}.csv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=ENGINE_COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"{path}: {len(rows)} rows written; now run `render`")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m speclab.sweeps.report", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="action", required=True)
@@ -304,7 +355,15 @@ def main(argv: list[str] | None = None) -> int:
     record.add_argument("--command", default="make demo", help="the command that made the runs")
     record.add_argument("--replace", action="store_true", help="start the record over with this scoring")
     record.add_argument("--root", type=Path, default=Path("."))
+    engine = sub.add_parser("record-engine", help="write a `speclab bench --engine llama.cpp --json` report as a record")
+    engine.add_argument("--json", type=Path, required=True, help="the bench's report")
+    engine.add_argument("--name", required=True, help="the record: docs/records/NAME.csv (replaced)")
+    engine.add_argument("--command", required=True, help="the bench command that wrote the report")
+    engine.add_argument("--root", type=Path, default=Path("."))
     args = parser.parse_args(argv)
+
+    if args.action == "record-engine":
+        return record_engine(args, parser)
 
     if args.action == "record":
         if not re.fullmatch(r"[\w-]+", args.name):

@@ -197,3 +197,36 @@ def format_engine_report(report: dict) -> str:
         lines.append(f"llama.cpp plain runs {cross['ratio']:.2f}x speclab plain's tok/s [{lo:.2f}, {hi:.2f}]; "
                      f"plain tokens agree across engines on {scoring['plain_tokens_agree']}/{scoring['prompts']} prompts")
     return "\n".join(lines)
+
+
+# --- the record behind docs/serving.md's table ---------------------------------------------------
+
+ENGINE_COLUMNS = ("scoring", "engine", "method", "tok_s", "speedup", "ci_low", "ci_high", "acceptance_length",
+                  "drafted", "accepted", "lossless", "vs_speclab_plain", "plain_agree", "machine", "cpu_flags", "date",
+                  "dtype", "command")
+
+
+def record_rows(report: dict, command: str, machine: str, cpu_flags: str, date: str) -> list[dict]:
+    """One row per method and scoring of a `bench --engine llama.cpp --json` report (data: every
+    value is formatted from a number, never evaluated)."""
+    rows = []
+    dtype = str((report["config"].get("target_config") or {}).get("dtype") or "")
+    for i, scoring in enumerate(report["scorings"]):
+        cross = scoring["llama_plain_vs_speclab_plain"]
+        for name, row in scoring["methods"].items():
+            lo, hi = row["ci"]["speedup_total"]
+            lossless = row["lossless"]
+            plain = name == LLAMA_PLAIN
+            rows.append({
+                "scoring": str(i + 1), "engine": name.split(" ", 1)[0], "method": name.split(" ", 1)[1],
+                "tok_s": f"{float(row['tok_s']):.1f}", "speedup": f"{float(row['speedup_total']):.2f}",
+                "ci_low": f"{float(lo):.2f}", "ci_high": f"{float(hi):.2f}",
+                "acceptance_length": f"{float(row['acceptance_length']):.2f}",
+                "drafted": str(int(row["drafted"])) if "drafted" in row else "",
+                "accepted": str(int(row["accepted"])) if "accepted" in row else "",
+                "lossless": f"{lossless['checked_prompts'] - lossless['mismatches']}/{lossless['checked_prompts']}",
+                "vs_speclab_plain": f"{float(cross['ratio']):.2f}" if plain else "",
+                "plain_agree": f"{int(scoring['plain_tokens_agree'])}/{int(scoring['prompts'])}" if plain else "",
+                "machine": machine, "cpu_flags": cpu_flags, "date": date, "dtype": dtype, "command": command,
+            })
+    return rows

@@ -56,3 +56,32 @@ def test_a_bad_record_name_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         report.main(["record", "--runs", str(tmp_path), "--name", "../x", "--root", str(tmp_path)])
     assert "letters, digits" in capsys.readouterr().err
+
+
+def engine_bench_report(speedups: list[float]) -> dict:
+    """A `bench --engine llama.cpp --json` report with one scoring per speedup of llama.cpp's draft."""
+    def row(speedup, length, lossless=(2, 0), **extra):
+        return {"tok_s": 100.0 * speedup, "speedup_total": speedup, "ci": {"speedup_total": [speedup - 0.1, speedup + 0.1]},
+                "acceptance_length": length, "lossless": {"checked_prompts": lossless[0], "mismatches": lossless[1]},
+                **extra}
+
+    return {"config": {"target_config": {"dtype": "bf16"}}, "scorings": [
+        {"methods": {"speclab plain": row(1.0, 1.0), "speclab eagle3 k=4": row(1.5, 2.5),
+                     "llama.cpp plain": row(1.0, 1.0, drafted=0, accepted=0),
+                     "llama.cpp draft-eagle3 k=4": row(s, 2.4, drafted=100, accepted=40)},
+         "llama_plain_vs_speclab_plain": {"ratio": 0.8, "ci": [0.7, 0.9]}, "plain_tokens_agree": 2, "prompts": 2}
+        for s in speedups]}
+
+
+def test_an_engine_bench_is_recorded_and_drawn_with_its_median_and_range(tmp_path):
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps(engine_bench_report([1.2, 1.6, 1.4])))
+    assert report.main(["record-engine", "--json", str(bench), "--name", "llama_cpp_eagle3", "--root", str(tmp_path),
+                        "--command", "speclab bench --engine llama.cpp"]) == 0
+    rows = report.read_record(tmp_path / "docs" / "records" / "llama_cpp_eagle3.csv")
+    assert len(rows) == 12 and {r["engine"] for r in rows} == {"speclab", "llama.cpp"}
+    table = report.engines(rows)
+    line = next(line for line in table.splitlines() if "draft-eagle3" in line)
+    assert "1.40x (1.20–1.60)" in line and "0.40" in line  # median (range) of 3 scorings; 120 of 300 drafts accepted
+    assert "3 scorings in one process" in table and "ran 0.80x (0.80–0.80) speclab's plain tok/s" in table
+    assert "2/2 prompts" in table
