@@ -65,7 +65,8 @@ def add_parser(commands) -> argparse.ArgumentParser:
                             "on a CPU they take most of a bench's time")
     bench.add_argument("--engine", choices=("speclab", "llama.cpp"), default="speclab",
                        help="llama.cpp: one exported draft decoded by speclab and by llama.cpp (with llama.cpp's "
-                            "plain decoding and its n-gram drafters) on the same prompts (engines/llama_cpp_bench.py)")
+                            "plain decoding and its n-gram drafters) on the same prompts (engines/llama_cpp_bench.py; "
+                            "the CLI sends it there)")
     bench.add_argument("overrides", nargs="*", help="target.KEY=VALUE changes to the recorded target")
     return bench
 
@@ -105,10 +106,6 @@ def prompt_sets(args: argparse.Namespace) -> dict[str, list[dict]]:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    if args.engine == "llama.cpp":
-        from .engines.llama_cpp_bench import cmd_bench_llama_cpp
-
-        return cmd_bench_llama_cpp(args)
     import torch
 
     from speclab.eval.prompts import encode_prompt

@@ -115,6 +115,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise CliError(f"unrecognized arguments: {' '.join(extra)}")
         if args.command in ("eval", "bench"):
             args.overrides += extra  # overrides given after an option land here
+        if args.command == "bench" and args.engine == "llama.cpp":
+            from .engines.llama_cpp_bench import cmd_bench_llama_cpp
+
+            return cmd_bench_llama_cpp(args)
         return COMMANDS[args.command](args)
     except CliError as exc:
         print(f"speclab: error: {exc}", file=sys.stderr)

@@ -217,7 +217,10 @@ def engines(rows: list[dict]) -> str:
     across = (f"llama.cpp's plain decoding ran {spread([number(r['vs_speclab_plain']) for r in plain], unit='x')} "
               f"speclab's plain tok/s; the two engines' plain tokens agreed on "
               f"{', '.join(dict.fromkeys(r['plain_agree'] for r in plain))} prompts. ") if plain else ""
-    return "\n".join([markdown(header, cells), "", f"{len(scorings(rows))} scorings in one process. " + across +
+    benches = list(dict.fromkeys(r.get("bench") for r in rows))
+    runs = (f"{len(scorings(rows))} scorings in one process" if len(benches) == 1 else
+            f"{len(scorings(rows))} scorings in each of {len(benches)} bench processes (one a draft)")
+    return "\n".join([markdown(header, cells), "", f"{runs}. " + across +
                       measured_on(rows) + " " + commands_of(rows)])
 
 
@@ -330,12 +333,14 @@ def record_engine(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     if not re.fullmatch(r"[\w-]+", args.name):
         parser.error(f"--name {args.name!r}: letters, digits, '-' and '_' only")
     model, flags = cpu_info()
-    rows = record_rows(json.loads(args.json.read_text()), args.command, f"{model or 'unknown CPU'} ({os.cpu_count()} cores)",
-                       " ".join(f for f in SHOWN_FLAGS if f in flags), datetime.date.today().isoformat())
+    rows = [{"bench": str(i + 1), **row} for i, path in enumerate(args.json)
+            for row in record_rows(json.loads(path.read_text()), args.command,
+                                   f"{model or 'unknown CPU'} ({os.cpu_count()} cores)",
+                                   " ".join(f for f in SHOWN_FLAGS if f in flags), datetime.date.today().isoformat())]
     path = args.root / "docs" / "records" / f"{args.name}.csv"
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=ENGINE_COLUMNS, lineterminator="\n")
+        writer = csv.DictWriter(f, fieldnames=("bench", *ENGINE_COLUMNS), lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
     print(f"{path}: {len(rows)} rows written; now run `render`")
@@ -356,7 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     record.add_argument("--replace", action="store_true", help="start the record over with this scoring")
     record.add_argument("--root", type=Path, default=Path("."))
     engine = sub.add_parser("record-engine", help="write a `speclab bench --engine llama.cpp --json` report as a record")
-    engine.add_argument("--json", type=Path, required=True, help="the bench's report")
+    engine.add_argument("--json", type=Path, required=True, action="append",
+                        help="the bench's report (repeatable: one bench process each)")
     engine.add_argument("--name", required=True, help="the record: docs/records/NAME.csv (replaced)")
     engine.add_argument("--command", required=True, help="the bench command that wrote the report")
     engine.add_argument("--root", type=Path, default=Path("."))

@@ -5,7 +5,7 @@ cores, alternating method by method prompt by prompt (eval/peers.compare), it de
 
 - speclab: plain decoding, and speculative decoding with the speculator as chains of k;
 - llama.cpp (one llama-server per method, all started before the timing and idle between
-  their turns): plain decoding, each n-gram type llama.cpp ships, and the exported draft
+  their turns): plain decoding, each n-gram type llama.cpp ships (not with --no-peers), and the exported draft
   (`--spec-type draft-eagle3`, chains of k, never cut short by a probability).
 
 Each engine's speedups are over its own plain decoding, with paired bootstrap intervals, and
@@ -39,13 +39,41 @@ from . import llama_cpp
 # llama.cpp's n-gram drafters (llama-server --spec-type), each at its own defaults
 NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-mod", "ngram-cache")
 SPECLAB_PLAIN, LLAMA_PLAIN = "speclab plain", "llama.cpp plain"
+# A fresh server's first request, untimed: token ids of no prompt of any set, so that what the n-gram
+# drafters keep from it cannot match an answer
+WARM_UP_IDS = (504, 3458, 282, 4649, 30)
 
 
 class LlamaCppMethod:
-    """A running llama-server as a bench method: prompt ids [1, T] -> Generation."""
+    """A llama-server of its own as a bench method: prompt ids [1, T] -> Generation.
 
-    def __init__(self, url: str, max_new_tokens: int):
-        self.url, self.max_new_tokens = url, max_new_tokens
+    `reset` restarts the server: llama.cpp's n-gram drafters keep what they decoded across
+    requests (ngram-mod's and ngram-cache's pools), so without it a scoring would draft each prompt
+    from an earlier scoring's answer to that very prompt, or from the warm-up's (eval/peers.compare
+    resets every method after its warm-up)."""
+
+    def __init__(self, engine: llama_cpp.LlamaCpp, target_gguf: Path, extra: list[str], threads: int,
+                 max_new_tokens: int):
+        self.engine, self.target_gguf, self.extra, self.threads = engine, target_gguf, extra, threads
+        self.max_new_tokens = max_new_tokens
+        self._running: contextlib.ExitStack | None = None
+        self.url = ""
+
+    def start(self) -> "LlamaCppMethod":
+        self.stop()
+        self._running = contextlib.ExitStack()
+        self.url = self._running.enter_context(llama_cpp.server(self.engine, self.target_gguf, self.extra,
+                                                                self.threads))
+        complete_ids(self.url, list(WARM_UP_IDS), 8)  # the weights paged in, the graphs built: untimed
+        return self
+
+    def stop(self) -> None:
+        if self._running is not None:
+            self._running.close()
+            self._running = None
+
+    def reset(self) -> None:
+        self.start()
 
     def __call__(self, prompt, max_new: int | None = None) -> Generation:
         answer = complete_ids(self.url, prompt[0].tolist(), max_new or self.max_new_tokens)
@@ -71,14 +99,18 @@ def generation_of(answer: dict) -> Generation:
                       steps=1 + decode_passes, new_tokens=new, drafted_tokens=int(timings.get("draft_n") or 0))
 
 
-def llama_methods(engine: llama_cpp.LlamaCpp, export, threads: int, max_new: int,
-                  stack: contextlib.ExitStack) -> dict[str, LlamaCppMethod]:
-    """Every llama.cpp method's server, started now and stopped when `stack` closes."""
-    flags = {LLAMA_PLAIN: [], **{f"llama.cpp {kind}": ["--spec-type", kind] for kind in NGRAM_TYPES},
+def llama_methods(engine: llama_cpp.LlamaCpp, export, threads: int, max_new: int, stack: contextlib.ExitStack,
+                  ngrams: bool = True) -> dict[str, LlamaCppMethod]:
+    """Every llama.cpp method's server (its n-gram drafters unless `ngrams` is false), started now
+    and stopped when `stack` closes."""
+    flags = {LLAMA_PLAIN: [], **{f"llama.cpp {kind}": ["--spec-type", kind] for kind in NGRAM_TYPES if ngrams},
              f"llama.cpp {export.spec_type} k={export.k}": export.server_args()}
-    return {name: LlamaCppMethod(stack.enter_context(llama_cpp.server(engine, export.target_gguf, extra, threads)),
-                                 max_new)
-            for name, extra in flags.items()}
+    methods = {}
+    for name, extra in flags.items():
+        methods[name] = LlamaCppMethod(engine, export.target_gguf, extra, threads, max_new)
+        stack.callback(methods[name].stop)
+        methods[name].start()
+    return methods
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -136,10 +168,11 @@ def cmd_bench_llama_cpp(args: argparse.Namespace) -> int:
         methods = {SPECLAB_PLAIN: lambda p, n=None: generate_plain(target, p, n or max_new),
                    spec_name: OwnSpeculator(speculator, target.dtype, lambda s, p, n: generate_speculative(
                        target, s, p, n or max_new, k)),
-                   **llama_methods(engine, export, threads, max_new, stack)}
+                   **llama_methods(engine, export, threads, max_new, stack, ngrams=args.peers)}
         scorings = [compare(methods, encoded, baseline=SPECLAB_PLAIN) for _ in range(args.repeat)]
     report = {"scorings": [engine_report(runs, spec_name, k, args.resamples) for runs in scorings],
-              "config": {"target_config": target_config, "speculator": str(source), "draft_gguf": str(export.draft_gguf),
+              "config": {"target_config": target_config, "dtype": str(target.compute_dtype).removeprefix("torch."),
+                         "speculator": str(source), "draft_gguf": str(export.draft_gguf),
                          "target_gguf": str(export.target_gguf), "k": k, "max_new_tokens": max_new,
                          "threads": threads, "prompts": {name: len(p) for name, p in sets.items()},
                          "llama_cpp": engine.info["version"], "repeat": args.repeat}}
@@ -210,7 +243,7 @@ def record_rows(report: dict, command: str, machine: str, cpu_flags: str, date: 
     """One row per method and scoring of a `bench --engine llama.cpp --json` report (data: every
     value is formatted from a number, never evaluated)."""
     rows = []
-    dtype = str((report["config"].get("target_config") or {}).get("dtype") or "")
+    dtype = str(report["config"].get("dtype") or "")  # the compute dtype speclab's target resolved
     for i, scoring in enumerate(report["scorings"]):
         cross = scoring["llama_plain_vs_speclab_plain"]
         for name, row in scoring["methods"].items():
