@@ -195,7 +195,7 @@ def cmd_engine(args: argparse.Namespace) -> int:
             built = llama_cpp.find() is None
             if built:
                 print(f"building llama.cpp {llama_cpp.VERSION} into {llama_cpp.engine_dir()} "
-                      "(15 to 50 minutes on 2 cores; the logs are kept in the entry)", flush=True)
+                      "(about 5 minutes on 2 idle cores; the logs are kept in the entry)", flush=True)
             engine = llama_cpp.build(jobs=args.jobs, sdist=args.sdist)
         else:
             engine = llama_cpp.require()

@@ -3,6 +3,7 @@
     python -m speclab.sweeps.report render [--check]
     python -m speclab.sweeps.report record --runs runs/demo --name demo [--scoring NAME] [--command CMD] [--replace]
     python -m speclab.sweeps.report record-engine --json BENCH.json --name NAME --command CMD
+    python -m speclab.sweeps.report record-build --entry CACHE_ENTRY --command CMD
 
 A record is a CSV file under docs/records/ (docs/study_cells.csv is the data-scaling
 study's): one row per scoring of one thing, with the machine, its CPU flags, the date and
@@ -224,6 +225,18 @@ def engines(rows: list[dict]) -> str:
                       measured_on(rows) + " " + commands_of(rows)])
 
 
+BUILD_COLUMNS = ("version", "tools", "jobs", "seconds", "bin_mb", "src_mb", "machine", "cpu_flags", "date", "command")
+
+
+def engine_builds(rows: list[dict]) -> str:
+    """Each recorded build of llama.cpp (its entry's build.json): time and sizes."""
+    cells = [[r["version"], f"`{r['tools']}`", r["jobs"], f"{number(r['seconds']):.0f} s ({number(r['seconds']) / 60:.1f} min)",
+              f"{r['bin_mb']} MB", f"{r['src_mb']} MB", r["machine"], f"`{r['cpu_flags']}`", r["date"]] for r in rows]
+    header = ["llama.cpp", "tools", "jobs", "build, download included", "tools", "kept source tree", "machine",
+              "CPU flags", "date"]
+    return "\n".join([markdown(header, cells), "", commands_of(rows)])
+
+
 # name -> (record, how it is drawn)
 TABLES: dict[str, tuple[str, Callable[[list[dict]], str]]] = {
     "demo": ("docs/records/demo.csv", printout),
@@ -233,6 +246,7 @@ TABLES: dict[str, tuple[str, Callable[[list[dict]], str]]] = {
     "runtime": ("docs/records/runtime.csv", runtime),
     "full-recipe": ("docs/records/full_recipe.csv", medians),
     "full-recipe-categories": ("docs/records/full_recipe_categories.csv", categories),
+    "llama-cpp-build": ("docs/records/llama_cpp_build.csv", engine_builds),
     "llama-cpp-eagle3": ("docs/records/llama_cpp_eagle3.csv", engines),
     "llama-cpp-block-drafters": ("docs/records/llama_cpp_block_drafters.csv", engines),
     "data-scaling": ("docs/study_cells.csv", study_grid),
@@ -323,6 +337,33 @@ def append_record(path: Path, rows: list[dict], replace: bool = False) -> None:
         writer.writerows(rows)
 
 
+def record_build(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """build.json is data: each field is formatted from a number or a string, never evaluated."""
+    import json
+
+    from speclab.kernels.native import cpu_info
+
+    if not re.fullmatch(r"[\w-]+", args.name):
+        parser.error(f"--name {args.name!r}: letters, digits, '-' and '_' only")
+    info = json.loads((args.entry / "build.json").read_text())
+    model, flags = cpu_info()
+    row = {"version": str(info["version"]), "tools": " ".join(str(t) for t in info["tools"]), "jobs": str(int(info["jobs"])),
+           "seconds": f"{float(info['seconds']):.1f}", "bin_mb": f"{int(info['bin_bytes']) / 1e6:.1f}",
+           "src_mb": f"{int(info['src_bytes']) / 1e6:.1f}", "machine": f"{model or 'unknown CPU'} ({os.cpu_count()} cores)",
+           "cpu_flags": " ".join(f for f in SHOWN_FLAGS if f in flags), "date": datetime.date.today().isoformat(),
+           "command": args.command}
+    path = args.root / "docs" / "records" / f"{args.name}.csv"
+    new = not path.exists()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=BUILD_COLUMNS, lineterminator="\n")
+        if new:
+            writer.writeheader()
+        writer.writerow(row)
+    print(f"{path}: a build appended; now run `render`")
+    return 0
+
+
 def record_engine(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     import json
 
@@ -366,8 +407,15 @@ def main(argv: list[str] | None = None) -> int:
     engine.add_argument("--name", required=True, help="the record: docs/records/NAME.csv (replaced)")
     engine.add_argument("--command", required=True, help="the bench command that wrote the report")
     engine.add_argument("--root", type=Path, default=Path("."))
+    build = sub.add_parser("record-build", help="append a llama.cpp build (its cache entry's build.json) to a record")
+    build.add_argument("--entry", type=Path, required=True, help="the engine's cache entry (speclab engine status)")
+    build.add_argument("--name", default="llama_cpp_build", help="the record: docs/records/NAME.csv (appended)")
+    build.add_argument("--command", required=True, help="the command that built it")
+    build.add_argument("--root", type=Path, default=Path("."))
     args = parser.parse_args(argv)
 
+    if args.action == "record-build":
+        return record_build(args, parser)
     if args.action == "record-engine":
         return record_engine(args, parser)
 

@@ -98,7 +98,7 @@ def require(version: str = VERSION) -> LlamaCpp:
     engine = find(version)
     if engine is None:
         raise EngineMissing(f"llama.cpp {version} is not built under {engine_dir(version)}; "
-                            "run `speclab engine build llama.cpp` (about 15 minutes on 2 cores)")
+                            "run `speclab engine build llama.cpp` (about 5 minutes on 2 cores)")
     return engine
 
 

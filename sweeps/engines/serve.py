@@ -115,7 +115,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         check_servable(args.export)  # before a build of up to an hour, not after it
         if llama_cpp.find() is None:
             print(f"llama.cpp {llama_cpp.VERSION} is not built here: building it once into {llama_cpp.engine_dir()} "
-                  "(15 to 50 minutes on 2 cores; later runs reuse it)", flush=True)
+                  "(about 5 minutes on 2 idle cores; later runs reuse it)", flush=True)
         engine = llama_cpp.build()
         export = prepared(args.export)
         argv = command(engine, export, args.host, args.port, args.threads or os.cpu_count() or 1, args.ctx_size)
@@ -145,7 +145,7 @@ def serve_hint(export: Path) -> str | None:
     refused = refusals(load_checkpoint(export, live_target_info(meta)), layout)
     if refused:
         return f"llama.cpp cannot serve it as measured: {'; '.join(refused)}"
-    built = "" if llama_cpp.find() else " (builds llama.cpp on first use: 15 to 50 minutes on 2 cores)"
+    built = "" if llama_cpp.find() else " (builds llama.cpp on first use, about 5 minutes on 2 cores)"
     return f"serve it here with llama.cpp{built}: {_invoked_as()} serve {export}"
 
 

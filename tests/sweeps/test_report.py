@@ -85,3 +85,15 @@ def test_an_engine_bench_is_recorded_and_drawn_with_its_median_and_range(tmp_pat
     assert "1.40x (1.20–1.60)" in line and "0.40" in line  # median (range) of 3 scorings; 120 of 300 drafts accepted
     assert "3 scorings in one process" in table and "ran 0.80x (0.80–0.80) speclab's plain tok/s" in table
     assert "2/2 prompts" in table
+
+
+def test_an_engine_build_is_recorded_from_its_build_record(tmp_path):
+    entry = tmp_path / "entry"
+    entry.mkdir()
+    (entry / "build.json").write_text(json.dumps({"version": "1.0", "tools": ["llama-server"], "jobs": 2,
+                                                  "seconds": 265.2, "bin_bytes": 15_768_616, "src_bytes": 175_824_384}))
+    argv = ["record-build", "--entry", str(entry), "--root", str(tmp_path), "--command", "speclab engine build llama.cpp"]
+    assert report.main(argv) == 0 and report.main(argv) == 0  # appended
+    rows = report.read_record(tmp_path / "docs" / "records" / "llama_cpp_build.csv")
+    assert len(rows) == 2 and (rows[0]["seconds"], rows[0]["bin_mb"], rows[0]["src_mb"]) == ("265.2", "15.8", "175.8")
+    assert "265 s (4.4 min)" in report.engine_builds(rows)

@@ -1,7 +1,7 @@
 """llama.cpp as a client: the cached build, and `speclab export --engine llama.cpp` decoded by
 llama.cpp itself.
 
-The decoding tests need the engine built (`speclab engine build llama.cpp`, about 15 minutes on
+The decoding tests need the engine built (`speclab engine build llama.cpp`, about 5 minutes on
 2 cores): without it they skip, saying so, and SPECLAB_REQUIRE_LLAMA_CPP=1 makes that a failure.
 """
 
