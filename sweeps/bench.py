@@ -229,10 +229,13 @@ def run_bench(methods, ks, encoded, items, sets, sampling, resamples: int) -> di
 
 
 def repeats(reports: list[dict]) -> dict:
-    """Per method, its overall speedup in each scoring: median and range (eval/paired.py)."""
+    """Per method, its overall speedup in each scoring: median and range (eval/paired.py), with
+    each scoring's acceptance length and standing (leader, tied with it, or neither)."""
     from speclab.eval.paired import median_and_range
 
-    return {name: median_and_range([r["overall"][name]["speedup_total"] for r in reports])
+    return {name: {**median_and_range([r["overall"][name]["speedup_total"] for r in reports]),
+                   "acceptance_lengths": [r["overall"][name]["acceptance_length"] for r in reports],
+                   "standings": [standing(r["overall"][name]) for r in reports]}
             for name in reports[0]["overall"]}
 
 

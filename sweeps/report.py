@@ -4,6 +4,7 @@
     python -m speclab.sweeps.report record --runs runs/demo --name demo [--scoring NAME] [--command CMD] [--replace]
     python -m speclab.sweeps.report record-engine --json BENCH.json --name NAME --command CMD
     python -m speclab.sweeps.report record-build --entry CACHE_ENTRY --command CMD
+    python -m speclab.sweeps.report record-bench --json BENCH.json --name NAME --command CMD
 
 A record is a CSV file under docs/records/ (docs/study_cells.csv is the data-scaling
 study's): one row per scoring of one thing, with the machine, its CPU flags, the date and
@@ -118,6 +119,26 @@ def medians(rows: list[dict]) -> str:
                       " ".join(dict.fromkeys(r["lossless"] for r in scored))])
     header = ["run", "family", "method", "acceptance length", "speedup", "scorings", "lossless"]
     return "\n".join([markdown(header, cells), "", measured_on(rows) + " " + commands_of(rows)])
+
+
+def repeated(rows: list[dict]) -> str:
+    """A bench's methods over its scorings in one process (`record-bench`): the median speedup
+    and range, the first scoring's 95% interval, and where each scoring placed it."""
+    by_method: dict[str, list[dict]] = {}
+    for row in rows:
+        by_method.setdefault(row["run"], []).append(row)
+    cells = []
+    for method, scored in by_method.items():
+        lo, hi = number(scored[0]["ci_low"]), number(scored[0]["ci_high"])
+        cells.append([f"`{method}`", spread([number(r["acceptance_length"]) for r in scored]),
+                      spread([number(r["speedup"]) for r in scored], unit="x"),
+                      f"{lo:.2f}–{hi:.2f}" if lo is not None and hi is not None else "–",
+                      ", ".join(r["note"] or "behind" for r in scored) if method != "plain" else "baseline",
+                      " ".join(dict.fromkeys(r["lossless"] for r in scored))])
+    header = ["method", "acceptance length", "speedup, median (range)", "first scoring's 95% interval",
+              "each scoring: leader, tied with it (paired interval), or behind", "lossless"]
+    return "\n".join([markdown(header, cells), "",
+                      f"{len(scorings(rows))} scorings in one process. " + measured_on(rows) + " " + commands_of(rows)])
 
 
 def demo_machines(rows: list[dict]) -> str:
@@ -337,6 +358,49 @@ def append_record(path: Path, rows: list[dict], replace: bool = False) -> None:
         writer.writerows(rows)
 
 
+def bench_rows(report: dict, command: str, machine: str, cpu_flags: str, date: str) -> list[dict]:
+    """A `speclab bench --repeat N` report as N scorings of each method, in RUN_COLUMNS (the
+    `medians` table draws them); the first scoring carries the full row's interval and lossless
+    check. Every value is formatted from a number or one of the known standings, never evaluated."""
+    config = report.get("config") or {}
+    dtype = str((config.get("target_config") or {}).get("dtype") or "")
+    rows = []
+    for name, found in report["repeats"].items():
+        first = report["overall"][name]
+        lo, hi = first["ci"]["speedup_total"]
+        lossless = first["lossless"]
+        for i, value in enumerate(found["values"]):
+            standing = found["standings"][i]
+            rows.append({
+                "scoring": f"bench scoring {i + 1}", "run": name, "family": "", "params": "",
+                "acceptance_length": f"{float(found['acceptance_lengths'][i]):.2f}", "per_position": "",
+                "spec_tok_s": "", "baseline_tok_s": "", "speedup": f"{float(value):.2f}",
+                "ci_low": f"{float(lo):.2f}" if i == 0 else "", "ci_high": f"{float(hi):.2f}" if i == 0 else "",
+                "method": "", "lossless": f"{lossless['checked_prompts'] - lossless['mismatches']}/{lossless['checked_prompts']}",
+                "status": "completed", "note": standing if standing in ("leader", "tied") else "",
+                "machine": machine, "cpu_flags": cpu_flags, "date": date, "dtype": dtype, "command": command})
+    return rows
+
+
+def record_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    import json
+
+    from speclab.kernels.native import cpu_info
+
+    if not re.fullmatch(r"[\w-]+", args.name):
+        parser.error(f"--name {args.name!r}: letters, digits, '-' and '_' only")
+    report = json.loads(args.json.read_text())
+    if not report.get("repeats"):
+        parser.error(f"{args.json} holds one scoring: run the bench with --repeat 3 (or more)")
+    model, flags = cpu_info()
+    rows = bench_rows(report, args.command, f"{model or 'unknown CPU'} ({os.cpu_count()} cores)",
+                      " ".join(f for f in SHOWN_FLAGS if f in flags), datetime.date.today().isoformat())
+    path = args.root / "docs" / "records" / f"{args.name}.csv"
+    append_record(path, rows, replace=True)
+    print(f"{path}: {len(rows)} rows written; now run `render`")
+    return 0
+
+
 def record_build(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """build.json is data: each field is formatted from a number or a string, never evaluated."""
     import json
@@ -407,6 +471,11 @@ def main(argv: list[str] | None = None) -> int:
     engine.add_argument("--name", required=True, help="the record: docs/records/NAME.csv (replaced)")
     engine.add_argument("--command", required=True, help="the bench command that wrote the report")
     engine.add_argument("--root", type=Path, default=Path("."))
+    bench = sub.add_parser("record-bench", help="write a `speclab bench --repeat N --json` report as N scorings")
+    bench.add_argument("--json", type=Path, required=True, help="the bench's report")
+    bench.add_argument("--name", required=True, help="the record: docs/records/NAME.csv (replaced)")
+    bench.add_argument("--command", required=True, help="the bench command that wrote the report")
+    bench.add_argument("--root", type=Path, default=Path("."))
     build = sub.add_parser("record-build", help="append a llama.cpp build (its cache entry's build.json) to a record")
     build.add_argument("--entry", type=Path, required=True, help="the engine's cache entry (speclab engine status)")
     build.add_argument("--name", default="llama_cpp_build", help="the record: docs/records/NAME.csv (appended)")
@@ -416,6 +485,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.action == "record-build":
         return record_build(args, parser)
+    if args.action == "record-bench":
+        return record_bench(args, parser)
     if args.action == "record-engine":
         return record_engine(args, parser)
 

@@ -97,3 +97,31 @@ def test_an_engine_build_is_recorded_from_its_build_record(tmp_path):
     rows = report.read_record(tmp_path / "docs" / "records" / "llama_cpp_build.csv")
     assert len(rows) == 2 and (rows[0]["seconds"], rows[0]["bin_mb"], rows[0]["src_mb"]) == ("265.2", "15.8", "175.8")
     assert "265 s (4.4 min)" in report.engine_builds(rows)
+
+
+def test_a_repeated_bench_is_recorded_as_its_scorings_with_their_standings(tmp_path):
+    def row(speedup, length, leader=False, tied=False):
+        return {"speedup_total": speedup, "acceptance_length": length, "ci": {"speedup_total": [speedup - .2, speedup + .2]},
+                "lossless": {"checked_prompts": 6, "mismatches": 0}, "leader": leader, "tied_with_leader": tied}
+
+    bench = {"config": {"target_config": {"dtype": "bf16"}},
+             "overall": {"plain": row(1.0, 1.0), "spec_hybrid": row(1.8, 2.6, leader=True), "spec_suffix": row(1.7, 2.3, tied=True)},
+             "repeats": {"plain": {"values": [1.0, 1.0, 1.0], "acceptance_lengths": [1, 1, 1], "standings": ["", "", ""]},
+                         "spec_hybrid": {"values": [1.8, 1.6, 1.9], "acceptance_lengths": [2.6, 2.6, 2.6],
+                                         "standings": ["leader", "tied", "leader"]},
+                         "spec_suffix": {"values": [1.7, 1.75, 1.6], "acceptance_lengths": [2.3, 2.3, 2.3],
+                                         "standings": ["tied", "leader", "tied"]}}}
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(bench))
+    assert report.main(["record-bench", "--json", str(path), "--name", "demo_repeat", "--root", str(tmp_path),
+                        "--command", "speclab bench --repeat 3"]) == 0
+    rows = report.read_record(tmp_path / "docs" / "records" / "demo_repeat.csv")
+    assert len(rows) == 9
+    table = report.repeated(rows)
+    hybrid = next(line for line in table.splitlines() if "spec_hybrid" in line)
+    assert "1.80x (1.60–1.90)" in hybrid and "1.60–2.00" in hybrid and "leader, tied, leader" in hybrid
+    assert "3 scorings in one process" in table
+    one = tmp_path / "one.json"
+    one.write_text(json.dumps({**bench, "repeats": None}))
+    with pytest.raises(SystemExit):
+        report.main(["record-bench", "--json", str(one), "--name", "x", "--root", str(tmp_path), "--command", "c"])
