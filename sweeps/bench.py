@@ -133,7 +133,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         speculators = {}
         for path in checkpoints + ([assistant_dir] if assistant_dir and assistant_dir not in checkpoints else []):
             spec = load_speculator(path, info).to(device=target.device, dtype=target.compute_dtype).eval()
-            speculators[_unique(spec.family, speculators)] = (path, spec)
+            speculators[_unique(_label(path, spec.family), speculators)] = (path, spec)
         if assistant_dir is not None and speculators[_name_of(assistant_dir, speculators)][1].family != "draft_lm":
             raise ValueError(f"--assistant {args.assistant} is not a draft_lm checkpoint")
         items = [item for prompts in sets.values() for item in prompts]
@@ -145,7 +145,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         again = [run_bench(methods, ks, encoded, items, sets, sampling, args.resamples) for _ in range(args.repeat - 1)]
         report["repeats"] = repeats([report, *again])
     report["config"] = {
-        "target_config": target_config, "speculators": {n: str(p) for n, (p, _) in speculators.items()},
+        "target_config": target_config, "dtype": str(target.compute_dtype).removeprefix("torch."),
+        "speculators": {n: str(p) for n, (p, _) in speculators.items()},
         "assistant": str(assistant_dir) if assistant_dir else None, "k": args.k, "tree": args.tree,
         "tree_depth": args.tree_depth or args.k, "tree_top_k": args.tree_top_k, "max_new_tokens": args.max_new_tokens,
         "sampling": vars(sampling), "threads": torch.get_num_threads(), "limit": args.limit,
@@ -277,6 +278,13 @@ def format_report(report: dict) -> str:
 
 def _interval(pair, fmt: str) -> str:
     return f"[{format(pair[0], fmt)}, {format(pair[1], fmt)}]"
+
+
+def _label(checkpoint: Path, family: str) -> str:
+    """A sweep's baseline run (`baseline-suffix/`) is named as one, so that it is not read as
+    the run of the same family beside it (suffix_corpus is a `suffix` too)."""
+    run = next((p.name for p in (checkpoint, *checkpoint.parents) if p.name.startswith("baseline-")), None)
+    return f"baseline_{family}" if run else family
 
 
 def _unique(name: str, taken: dict) -> str:

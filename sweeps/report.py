@@ -262,6 +262,7 @@ def engine_builds(rows: list[dict]) -> str:
 TABLES: dict[str, tuple[str, Callable[[list[dict]], str]]] = {
     "demo": ("docs/records/demo.csv", printout),
     "demo-medians": ("docs/records/demo.csv", medians),
+    "demo-repeat": ("docs/records/demo_repeat.csv", repeated),
     "demo-machines": ("docs/records/demo_machines.csv", demo_machines),
     "block-drafters": ("docs/records/block_drafters.csv", printout),
     "runtime": ("docs/records/runtime.csv", runtime),
@@ -363,7 +364,7 @@ def bench_rows(report: dict, command: str, machine: str, cpu_flags: str, date: s
     `medians` table draws them); the first scoring carries the full row's interval and lossless
     check. Every value is formatted from a number or one of the known standings, never evaluated."""
     config = report.get("config") or {}
-    dtype = str((config.get("target_config") or {}).get("dtype") or "")
+    dtype = str(config.get("dtype") or (config.get("target_config") or {}).get("dtype") or "")  # the resolved one
     rows = []
     for name, found in report["repeats"].items():
         first = report["overall"][name]
