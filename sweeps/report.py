@@ -251,7 +251,10 @@ BUILD_COLUMNS = ("version", "tools", "jobs", "seconds", "bin_mb", "src_mb", "mac
 
 def engine_builds(rows: list[dict]) -> str:
     """Each recorded build of llama.cpp (its entry's build.json): time and sizes."""
-    cells = [[r["version"], f"`{r['tools']}`", r["jobs"], f"{number(r['seconds']):.0f} s ({number(r['seconds']) / 60:.1f} min)",
+    def took(seconds: str) -> str:
+        return f"{number(seconds):.0f} s ({number(seconds) / 60:.1f} min)"
+
+    cells = [[r["version"], f"`{r['tools']}`", r["jobs"], took(r["seconds"]),
               f"{r['bin_mb']} MB", f"{r['src_mb']} MB", r["machine"], f"`{r['cpu_flags']}`", r["date"]] for r in rows]
     header = ["llama.cpp", "tools", "jobs", "build, download included", "tools", "kept source tree", "machine",
               "CPU flags", "date"]
@@ -267,6 +270,7 @@ TABLES: dict[str, tuple[str, Callable[[list[dict]], str]]] = {
     "block-drafters": ("docs/records/block_drafters.csv", printout),
     "runtime": ("docs/records/runtime.csv", runtime),
     "full-recipe": ("docs/records/full_recipe.csv", medians),
+    "full-recipe-repeat": ("docs/records/full_recipe_repeat.csv", repeated),
     "full-recipe-categories": ("docs/records/full_recipe_categories.csv", categories),
     "llama-cpp-build": ("docs/records/llama_cpp_build.csv", engine_builds),
     "llama-cpp-eagle3": ("docs/records/llama_cpp_eagle3.csv", engines),
@@ -377,7 +381,8 @@ def bench_rows(report: dict, command: str, machine: str, cpu_flags: str, date: s
                 "acceptance_length": f"{float(found['acceptance_lengths'][i]):.2f}", "per_position": "",
                 "spec_tok_s": "", "baseline_tok_s": "", "speedup": f"{float(value):.2f}",
                 "ci_low": f"{float(lo):.2f}" if i == 0 else "", "ci_high": f"{float(hi):.2f}" if i == 0 else "",
-                "method": "", "lossless": f"{lossless['checked_prompts'] - lossless['mismatches']}/{lossless['checked_prompts']}",
+                "method": "",
+                "lossless": f"{lossless['checked_prompts'] - lossless['mismatches']}/{lossless['checked_prompts']}",
                 "status": "completed", "note": standing if standing in ("leader", "tied") else "",
                 "machine": machine, "cpu_flags": cpu_flags, "date": date, "dtype": dtype, "command": command})
     return rows
@@ -412,9 +417,11 @@ def record_build(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
         parser.error(f"--name {args.name!r}: letters, digits, '-' and '_' only")
     info = json.loads((args.entry / "build.json").read_text())
     model, flags = cpu_info()
-    row = {"version": str(info["version"]), "tools": " ".join(str(t) for t in info["tools"]), "jobs": str(int(info["jobs"])),
-           "seconds": f"{float(info['seconds']):.1f}", "bin_mb": f"{int(info['bin_bytes']) / 1e6:.1f}",
-           "src_mb": f"{int(info['src_bytes']) / 1e6:.1f}", "machine": f"{model or 'unknown CPU'} ({os.cpu_count()} cores)",
+    row = {"version": str(info["version"]), "tools": " ".join(str(t) for t in info["tools"]),
+           "jobs": str(int(info["jobs"])), "seconds": f"{float(info['seconds']):.1f}",
+           "bin_mb": f"{int(info['bin_bytes']) / 1e6:.1f}",
+           "src_mb": f"{int(info['src_bytes']) / 1e6:.1f}",
+           "machine": f"{model or 'unknown CPU'} ({os.cpu_count()} cores)",
            "cpu_flags": " ".join(f for f in SHOWN_FLAGS if f in flags), "date": datetime.date.today().isoformat(),
            "command": args.command}
     path = args.root / "docs" / "records" / f"{args.name}.csv"
@@ -466,7 +473,8 @@ def main(argv: list[str] | None = None) -> int:
     record.add_argument("--command", default="make demo", help="the command that made the runs")
     record.add_argument("--replace", action="store_true", help="start the record over with this scoring")
     record.add_argument("--root", type=Path, default=Path("."))
-    engine = sub.add_parser("record-engine", help="write a `speclab bench --engine llama.cpp --json` report as a record")
+    engine = sub.add_parser("record-engine",
+                            help="write a `speclab bench --engine llama.cpp --json` report as a record")
     engine.add_argument("--json", type=Path, required=True, action="append",
                         help="the bench's report (repeatable: one bench process each)")
     engine.add_argument("--name", required=True, help="the record: docs/records/NAME.csv (replaced)")

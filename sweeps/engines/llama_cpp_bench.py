@@ -171,7 +171,8 @@ def cmd_bench_llama_cpp(args: argparse.Namespace) -> int:
                    **llama_methods(engine, export, threads, max_new, stack, ngrams=args.peers)}
         scorings = [compare(methods, encoded, baseline=SPECLAB_PLAIN) for _ in range(args.repeat)]
     report = {"scorings": [engine_report(runs, spec_name, k, args.resamples) for runs in scorings],
-              "config": {"target_config": target_config, "dtype": str(target.compute_dtype).removeprefix("torch."),
+              # dtype: the weights', what `dtype: auto` chose
+              "config": {"target_config": target_config, "dtype": str(target.dtype).removeprefix("torch."),
                          "speculator": str(source), "draft_gguf": str(export.draft_gguf),
                          "target_gguf": str(export.target_gguf), "k": k, "max_new_tokens": max_new,
                          "threads": threads, "prompts": {name: len(p) for name, p in sets.items()},
@@ -227,8 +228,9 @@ def format_engine_report(report: dict) -> str:
                          f"{lossless['checked_prompts'] - lossless['mismatches']}/{lossless['checked_prompts']}")
         cross = scoring["llama_plain_vs_speclab_plain"]
         lo, hi = cross["ci"]
+        agree = f"{scoring['plain_tokens_agree']}/{scoring['prompts']}"
         lines.append(f"llama.cpp plain runs {cross['ratio']:.2f}x speclab plain's tok/s [{lo:.2f}, {hi:.2f}]; "
-                     f"plain tokens agree across engines on {scoring['plain_tokens_agree']}/{scoring['prompts']} prompts")
+                     f"plain tokens agree across engines on {agree} prompts")
     return "\n".join(lines)
 
 
@@ -243,7 +245,7 @@ def record_rows(report: dict, command: str, machine: str, cpu_flags: str, date: 
     """One row per method and scoring of a `bench --engine llama.cpp --json` report (data: every
     value is formatted from a number, never evaluated)."""
     rows = []
-    dtype = str(report["config"].get("dtype") or "")  # the compute dtype speclab's target resolved
+    dtype = str(report["config"].get("dtype") or "")  # the weights' dtype speclab's target resolved
     for i, scoring in enumerate(report["scorings"]):
         cross = scoring["llama_plain_vs_speclab_plain"]
         for name, row in scoring["methods"].items():

@@ -20,7 +20,7 @@ from . import llama_cpp
 from .llama_cpp import LLAMA_CPP_FILE
 
 SERVED_SUFFIX = "-llama.cpp"  # where an export of another layout is rewritten for llama.cpp
-SPEC_TYPES = tuple(llama_cpp.SPEC_TYPES.values())  # the draft kinds llama.cpp exports carry (engine_layouts.llama_cpp_gguf)
+SPEC_TYPES = tuple(llama_cpp.SPEC_TYPES.values())  # the draft kinds a llama.cpp export carries
 
 
 @dataclass(frozen=True)

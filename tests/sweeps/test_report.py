@@ -61,7 +61,8 @@ def test_a_bad_record_name_is_refused(tmp_path, capsys):
 def engine_bench_report(speedups: list[float]) -> dict:
     """A `bench --engine llama.cpp --json` report with one scoring per speedup of llama.cpp's draft."""
     def row(speedup, length, lossless=(2, 0), **extra):
-        return {"tok_s": 100.0 * speedup, "speedup_total": speedup, "ci": {"speedup_total": [speedup - 0.1, speedup + 0.1]},
+        return {"tok_s": 100.0 * speedup, "speedup_total": speedup,
+                "ci": {"speedup_total": [speedup - 0.1, speedup + 0.1]},
                 "acceptance_length": length, "lossless": {"checked_prompts": lossless[0], "mismatches": lossless[1]},
                 **extra}
 
@@ -92,7 +93,8 @@ def test_an_engine_build_is_recorded_from_its_build_record(tmp_path):
     entry.mkdir()
     (entry / "build.json").write_text(json.dumps({"version": "1.0", "tools": ["llama-server"], "jobs": 2,
                                                   "seconds": 265.2, "bin_bytes": 15_768_616, "src_bytes": 175_824_384}))
-    argv = ["record-build", "--entry", str(entry), "--root", str(tmp_path), "--command", "speclab engine build llama.cpp"]
+    argv = ["record-build", "--entry", str(entry), "--root", str(tmp_path),
+            "--command", "speclab engine build llama.cpp"]
     assert report.main(argv) == 0 and report.main(argv) == 0  # appended
     rows = report.read_record(tmp_path / "docs" / "records" / "llama_cpp_build.csv")
     assert len(rows) == 2 and (rows[0]["seconds"], rows[0]["bin_mb"], rows[0]["src_mb"]) == ("265.2", "15.8", "175.8")
@@ -101,12 +103,15 @@ def test_an_engine_build_is_recorded_from_its_build_record(tmp_path):
 
 def test_a_repeated_bench_is_recorded_as_its_scorings_with_their_standings(tmp_path):
     def row(speedup, length, leader=False, tied=False):
-        return {"speedup_total": speedup, "acceptance_length": length, "ci": {"speedup_total": [speedup - .2, speedup + .2]},
+        return {"speedup_total": speedup, "acceptance_length": length,
+                "ci": {"speedup_total": [speedup - .2, speedup + .2]},
                 "lossless": {"checked_prompts": 6, "mismatches": 0}, "leader": leader, "tied_with_leader": tied}
 
     bench = {"config": {"target_config": {"dtype": "bf16"}},
-             "overall": {"plain": row(1.0, 1.0), "spec_hybrid": row(1.8, 2.6, leader=True), "spec_suffix": row(1.7, 2.3, tied=True)},
-             "repeats": {"plain": {"values": [1.0, 1.0, 1.0], "acceptance_lengths": [1, 1, 1], "standings": ["", "", ""]},
+             "overall": {"plain": row(1.0, 1.0), "spec_hybrid": row(1.8, 2.6, leader=True),
+                         "spec_suffix": row(1.7, 2.3, tied=True)},
+             "repeats": {"plain": {"values": [1.0, 1.0, 1.0], "acceptance_lengths": [1, 1, 1],
+                                   "standings": ["", "", ""]},
                          "spec_hybrid": {"values": [1.8, 1.6, 1.9], "acceptance_lengths": [2.6, 2.6, 2.6],
                                          "standings": ["leader", "tied", "leader"]},
                          "spec_suffix": {"values": [1.7, 1.75, 1.6], "acceptance_lengths": [2.3, 2.3, 2.3],
