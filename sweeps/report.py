@@ -268,6 +268,7 @@ TABLES: dict[str, tuple[str, Callable[[list[dict]], str]]] = {
     "demo-repeat": ("docs/records/demo_repeat.csv", repeated),
     "demo-machines": ("docs/records/demo_machines.csv", demo_machines),
     "block-drafters": ("docs/records/block_drafters.csv", printout),
+    "dflash-epochs": ("docs/records/dflash_epochs.csv", printout),
     "runtime": ("docs/records/runtime.csv", runtime),
     "full-recipe": ("docs/records/full_recipe.csv", medians),
     "full-recipe-repeat": ("docs/records/full_recipe_repeat.csv", repeated),
