@@ -324,14 +324,27 @@ def stale_blocks(root: Path) -> list[str]:
 # --- writing a record from a runs folder -----------------------------------------------------
 
 
-def record_rows(runs_dir: Path, scoring: str, command: str) -> list[dict]:
-    """One scoring of every run in runs_dir, in the runs table's order, on this machine."""
+def this_machine() -> dict:
+    """The record columns naming where and when a figure is recorded: machine, cpu_flags, date."""
     from speclab.kernels.native import cpu_info  # the machine the record is written on
 
     model, flags = cpu_info()
+    return {"machine": f"{model or 'unknown CPU'} ({os.cpu_count()} cores)",
+            "cpu_flags": " ".join(f for f in SHOWN_FLAGS if f in flags), "date": datetime.date.today().isoformat()}
+
+
+def record_path(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Path:
+    """docs/records/NAME.csv, NAME checked: it becomes a file name."""
+    if not re.fullmatch(r"[\w-]+", args.name):
+        parser.error(f"--name {args.name!r}: letters, digits, '-' and '_' only")
+    return args.root / "docs" / "records" / f"{args.name}.csv"
+
+
+def record_rows(runs_dir: Path, scoring: str, command: str) -> list[dict]:
+    """One scoring of every run in runs_dir, in the runs table's order, on this machine."""
+    where = this_machine()
     rows = load_rows(runs_dir)
     baseline = best_baseline(rows)
-    today = datetime.date.today().isoformat()
     out = []
     for row in sort_by_speedup(rows):
         result = row.get("result") or {}
@@ -344,8 +357,7 @@ def record_rows(runs_dir: Path, scoring: str, command: str) -> list[dict]:
             "baseline_tok_s": _fixed(row.get("baseline_tok_s"), 1), "speedup": _fixed(row.get("speedup")),
             "ci_low": _fixed(ci[0]), "ci_high": _fixed(ci[1]), "method": format_method(row),
             "lossless": format_lossless(row), "status": row.get("status") or "", "note": note(row, baseline),
-            "machine": f"{model or 'unknown CPU'} ({os.cpu_count()} cores)", "cpu_flags": " ".join(f for f in SHOWN_FLAGS if f in flags),
-            "date": today, "dtype": (result.get("target") or {}).get("dtype") or "", "command": command,
+            **where, "dtype": (result.get("target") or {}).get("dtype") or "", "command": command,
         })
     return out
 
@@ -354,17 +366,17 @@ def _fixed(value, digits: int = 2) -> str:
     return f"{value:.{digits}f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
 
 
-def append_record(path: Path, rows: list[dict], replace: bool = False) -> None:
+def append_record(path: Path, rows: list[dict], replace: bool = False, columns: tuple = RUN_COLUMNS) -> None:
     new = replace or not path.exists()
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w" if new else "a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=RUN_COLUMNS, lineterminator="\n")
+        writer = csv.DictWriter(f, fieldnames=columns, lineterminator="\n")
         if new:
             writer.writeheader()
         writer.writerows(rows)
 
 
-def bench_rows(report: dict, command: str, machine: str, cpu_flags: str, date: str) -> list[dict]:
+def bench_rows(report: dict, command: str, where: dict) -> list[dict]:
     """A `speclab bench --repeat N` report as N scorings of each method, in RUN_COLUMNS (the
     `medians` table draws them); the first scoring carries the full row's interval and lossless
     check. Every value is formatted from a number or one of the known standings, never evaluated."""
@@ -385,24 +397,18 @@ def bench_rows(report: dict, command: str, machine: str, cpu_flags: str, date: s
                 "method": "",
                 "lossless": f"{lossless['checked_prompts'] - lossless['mismatches']}/{lossless['checked_prompts']}",
                 "status": "completed", "note": standing if standing in ("leader", "tied") else "",
-                "machine": machine, "cpu_flags": cpu_flags, "date": date, "dtype": dtype, "command": command})
+                **where, "dtype": dtype, "command": command})
     return rows
 
 
 def record_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     import json
 
-    from speclab.kernels.native import cpu_info
-
-    if not re.fullmatch(r"[\w-]+", args.name):
-        parser.error(f"--name {args.name!r}: letters, digits, '-' and '_' only")
+    path = record_path(args, parser)
     report = json.loads(args.json.read_text())
     if not report.get("repeats"):
         parser.error(f"{args.json} holds one scoring: run the bench with --repeat 3 (or more)")
-    model, flags = cpu_info()
-    rows = bench_rows(report, args.command, f"{model or 'unknown CPU'} ({os.cpu_count()} cores)",
-                      " ".join(f for f in SHOWN_FLAGS if f in flags), datetime.date.today().isoformat())
-    path = args.root / "docs" / "records" / f"{args.name}.csv"
+    rows = bench_rows(report, args.command, this_machine())
     append_record(path, rows, replace=True)
     print(f"{path}: {len(rows)} rows written; now run `render`")
     return 0
@@ -412,27 +418,13 @@ def record_build(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     """build.json is data: each field is formatted from a number or a string, never evaluated."""
     import json
 
-    from speclab.kernels.native import cpu_info
-
-    if not re.fullmatch(r"[\w-]+", args.name):
-        parser.error(f"--name {args.name!r}: letters, digits, '-' and '_' only")
+    path = record_path(args, parser)
     info = json.loads((args.entry / "build.json").read_text())
-    model, flags = cpu_info()
     row = {"version": str(info["version"]), "tools": " ".join(str(t) for t in info["tools"]),
            "jobs": str(int(info["jobs"])), "seconds": f"{float(info['seconds']):.1f}",
-           "bin_mb": f"{int(info['bin_bytes']) / 1e6:.1f}",
-           "src_mb": f"{int(info['src_bytes']) / 1e6:.1f}",
-           "machine": f"{model or 'unknown CPU'} ({os.cpu_count()} cores)",
-           "cpu_flags": " ".join(f for f in SHOWN_FLAGS if f in flags), "date": datetime.date.today().isoformat(),
-           "command": args.command}
-    path = args.root / "docs" / "records" / f"{args.name}.csv"
-    new = not path.exists()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=BUILD_COLUMNS, lineterminator="\n")
-        if new:
-            writer.writeheader()
-        writer.writerow(row)
+           "bin_mb": f"{int(info['bin_bytes']) / 1e6:.1f}", "src_mb": f"{int(info['src_bytes']) / 1e6:.1f}",
+           **this_machine(), "command": args.command}
+    append_record(path, [row], columns=BUILD_COLUMNS)
     print(f"{path}: a build appended; now run `render`")
     return 0
 
@@ -440,23 +432,13 @@ def record_build(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
 def record_engine(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     import json
 
-    from speclab.kernels.native import cpu_info
+    from .engines.llama_cpp_bench import ENGINE_COLUMNS, record_rows as engine_rows
 
-    from .engines.llama_cpp_bench import ENGINE_COLUMNS, record_rows
-
-    if not re.fullmatch(r"[\w-]+", args.name):
-        parser.error(f"--name {args.name!r}: letters, digits, '-' and '_' only")
-    model, flags = cpu_info()
-    rows = [{"bench": str(i + 1), **row} for i, path in enumerate(args.json)
-            for row in record_rows(json.loads(path.read_text()), args.command,
-                                   f"{model or 'unknown CPU'} ({os.cpu_count()} cores)",
-                                   " ".join(f for f in SHOWN_FLAGS if f in flags), datetime.date.today().isoformat())]
-    path = args.root / "docs" / "records" / f"{args.name}.csv"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=("bench", *ENGINE_COLUMNS), lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
+    path = record_path(args, parser)
+    where = this_machine()
+    rows = [{"bench": str(i + 1), **row} for i, report in enumerate(args.json)
+            for row in engine_rows(json.loads(report.read_text()), args.command, where)]
+    append_record(path, rows, replace=True, columns=("bench", *ENGINE_COLUMNS))
     print(f"{path}: {len(rows)} rows written; now run `render`")
     return 0
 
@@ -501,11 +483,9 @@ def main(argv: list[str] | None = None) -> int:
         return record_engine(args, parser)
 
     if args.action == "record":
-        if not re.fullmatch(r"[\w-]+", args.name):
-            parser.error(f"--name {args.name!r}: letters, digits, '-' and '_' only")
+        path = record_path(args, parser)
         scoring = args.scoring or datetime.datetime.now().strftime("%Y-%m-%dT%H:%M")
         rows = record_rows(args.runs, scoring, args.command)
-        path = args.root / "docs" / "records" / f"{args.name}.csv"
         append_record(path, rows, replace=args.replace)
         done = "written" if args.replace else "appended"
         print(f"{path}: {len(rows)} rows {done} as scoring {scoring!r}; now run `render`")

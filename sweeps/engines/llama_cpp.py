@@ -221,20 +221,21 @@ def convert_draft(engine: LlamaCpp, family: str, export_dir: Path, target_dir: P
             config["architectures"] = [CONVERTER_ARCHITECTURE[family]]
             (source / "config.json").write_text(json.dumps(config))
             (source / "model.safetensors").symlink_to((export_dir / "model.safetensors").resolve())
-        command = [sys.executable, str(engine.converter), str(source), "--outfile", str(outfile),
-                   "--outtype", "f32", "--target-model-dir", str(target_dir)]
-        done = subprocess.run(command, env=engine.converter_env(), capture_output=True, text=True)
-    if done.returncode != 0:
-        raise ConversionError(f"llama.cpp's convert_hf_to_gguf.py failed on {export_dir}:\n{done.stderr[-2000:]}")
-    return outfile
+        return _convert(engine, source, outfile, "--target-model-dir", str(target_dir), named=export_dir)
 
 
 def convert_target(engine: LlamaCpp, hf_dir: Path, outfile: Path) -> Path:
     """A target that has no GGUF (an in-process test target), converted by the same converter (f32)."""
-    command = [sys.executable, str(engine.converter), str(hf_dir), "--outfile", str(outfile), "--outtype", "f32"]
+    return _convert(engine, hf_dir, outfile)
+
+
+def _convert(engine: LlamaCpp, model_dir: Path, outfile: Path, *extra: str, named: Path | None = None) -> Path:
+    command = [sys.executable, str(engine.converter), str(model_dir), "--outfile", str(outfile), "--outtype", "f32",
+               *extra]
     done = subprocess.run(command, env=engine.converter_env(), capture_output=True, text=True)
     if done.returncode != 0:
-        raise ConversionError(f"llama.cpp's convert_hf_to_gguf.py failed on {hf_dir}:\n{done.stderr[-2000:]}")
+        raise ConversionError(f"llama.cpp's convert_hf_to_gguf.py failed on {named or model_dir}:\n"
+                              f"{done.stderr[-2000:]}")
     return outfile
 
 
@@ -243,10 +244,6 @@ def draft_args(draft_gguf: Path, spec_type: str, k: int) -> list[str]:
     by a probability: speclab's chains are not)."""
     return ["-md", str(draft_gguf), "--spec-type", spec_type, "--spec-draft-n-max", str(k),
             "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"]
-
-
-def eagle3_args(draft_gguf: Path, k: int) -> list[str]:
-    return draft_args(draft_gguf, SPEC_TYPES["eagle3"], k)
 
 
 @contextlib.contextmanager
@@ -287,8 +284,9 @@ def server(engine: LlamaCpp, target_gguf: Path, extra: list[str] = (), threads: 
         log_file.close()
 
 
-def complete(url: str, prompt: str, n_predict: int) -> dict:
-    """Greedy completion -> llama-server's answer: content, tokens, timings (draft_n, draft_n_accepted)."""
+def complete(url: str, prompt: str | list[int], n_predict: int) -> dict:
+    """Greedy completion of a prompt (text, or token ids that no tokenizer of llama.cpp's touches)
+    -> llama-server's answer: content, tokens, timings (draft_n, draft_n_accepted)."""
     body = json.dumps({"prompt": prompt, "n_predict": n_predict, "temperature": 0.0, "top_k": 1,
                        "cache_prompt": False, "return_tokens": True, "samplers": ["top_k"]}).encode()
     request = urllib.request.Request(f"{url}/completion", data=body, headers={"Content-Type": "application/json"})

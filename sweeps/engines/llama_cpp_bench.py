@@ -27,7 +27,6 @@ import argparse
 import contextlib
 import json
 import tempfile
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -64,7 +63,7 @@ class LlamaCppMethod:
         self._running = contextlib.ExitStack()
         self.url = self._running.enter_context(llama_cpp.server(self.engine, self.target_gguf, self.extra,
                                                                 self.threads))
-        complete_ids(self.url, list(WARM_UP_IDS), 8)  # the weights paged in, the graphs built: untimed
+        llama_cpp.complete(self.url, list(WARM_UP_IDS), 8)  # the weights paged in, the graphs built: untimed
         return self
 
     def stop(self) -> None:
@@ -76,17 +75,8 @@ class LlamaCppMethod:
         self.start()
 
     def __call__(self, prompt, max_new: int | None = None) -> Generation:
-        answer = complete_ids(self.url, prompt[0].tolist(), max_new or self.max_new_tokens)
+        answer = llama_cpp.complete(self.url, prompt[0].tolist(), max_new or self.max_new_tokens)
         return generation_of(answer)
-
-
-def complete_ids(url: str, ids: list[int], n_predict: int) -> dict:
-    """Greedy completion of a prompt given as token ids (no tokenizer of llama.cpp's in between)."""
-    body = json.dumps({"prompt": ids, "n_predict": n_predict, "temperature": 0.0, "top_k": 1, "cache_prompt": False,
-                       "return_tokens": True, "samplers": ["top_k"]}).encode()
-    request = urllib.request.Request(f"{url}/completion", data=body, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=600) as answer:
-        return json.loads(answer.read())
 
 
 def generation_of(answer: dict) -> Generation:
@@ -241,7 +231,7 @@ ENGINE_COLUMNS = ("scoring", "engine", "method", "tok_s", "speedup", "ci_low", "
                   "dtype", "command")
 
 
-def record_rows(report: dict, command: str, machine: str, cpu_flags: str, date: str) -> list[dict]:
+def record_rows(report: dict, command: str, where: dict) -> list[dict]:
     """One row per method and scoring of a `bench --engine llama.cpp --json` report (data: every
     value is formatted from a number, never evaluated)."""
     rows = []
@@ -262,6 +252,6 @@ def record_rows(report: dict, command: str, machine: str, cpu_flags: str, date: 
                 "lossless": f"{lossless['checked_prompts'] - lossless['mismatches']}/{lossless['checked_prompts']}",
                 "vs_speclab_plain": f"{float(cross['ratio']):.2f}" if plain else "",
                 "plain_agree": f"{int(scoring['plain_tokens_agree'])}/{int(scoring['prompts'])}" if plain else "",
-                "machine": machine, "cpu_flags": cpu_flags, "date": date, "dtype": dtype, "command": command,
+                **where, "dtype": dtype, "command": command,  # where: machine, cpu_flags, date (report.this_machine)
             })
     return rows

@@ -130,23 +130,24 @@ def test_a_draft_of_several_layers_is_refused_for_llama_cpp(tmp_path, monkeypatc
 # --- decoding with the export ----------------------------------------------------------------
 
 
-def smollm2_export(tmp_path):
-    """A SmolLM2 eagle3 (8,192-token draft vocabulary, random weights) exported for llama.cpp."""
+def smollm2_export(tmp_path, family="eagle3", info=SMOLLM2_INFO):
+    """A SmolLM2 draft of `family` (8,192-token draft vocabulary, random weights) exported for
+    llama.cpp; `info` is the live target's where the family drafts through its tensors."""
     torch.manual_seed(0)
     counts = torch.randperm(SMOLLM2_INFO.vocab_size, generator=torch.Generator().manual_seed(1)).float()
-    speculator = build_speculator("eagle3", {"draft_vocab_size": 8192}, SMOLLM2_INFO.with_counts(counts))
+    speculator = build_speculator(family, {"draft_vocab_size": 8192}, info.with_counts(counts))
     runs = tmp_path / "runs"
     speculator.save(runs / "run" / "checkpoints" / "speculator", extra={"target_config": SMOLLM2})
-    make_run(runs, "run", family="eagle3", params=speculator.num_params(), checkpoint="checkpoints/speculator",
+    make_run(runs, "run", family=family, params=speculator.num_params(), checkpoint="checkpoints/speculator",
              weights_sha256=weights_sha256(speculator.state_dict()), per_position=(0.5, 0.3, 0.2, 0.1), speedup=1.3)
     return speculator, export_best(runs, tmp_path / "out", engine="llama.cpp")
 
 
-def decode_both(engine, target_gguf, draft_gguf):
-    """(plain answers, EAGLE-3 answers) of llama-server over PROMPTS, greedy."""
+def decode_both(engine, target_gguf, draft_args):
+    """(plain answers, answers drafted with `draft_args`) of llama-server over PROMPTS, greedy."""
     with llama_cpp.server(engine, target_gguf) as url:
         plain = [llama_cpp.complete(url, prompt, N_PREDICT) for prompt in PROMPTS]
-    with llama_cpp.server(engine, target_gguf, llama_cpp.eagle3_args(draft_gguf, K)) as url:
+    with llama_cpp.server(engine, target_gguf, draft_args) as url:
         spec = [llama_cpp.complete(url, prompt, N_PREDICT) for prompt in PROMPTS]
     return plain, spec
 
@@ -157,7 +158,8 @@ def test_llama_cpp_decodes_smollm2_with_the_exported_eagle3_losslessly(tmp_path,
     assert json.loads((out / "export.json").read_text())["layout"] == "llama_cpp_eagle3"
     served = json.loads((out / "llama_cpp.json").read_text())
     assert served["spec_type"] == "draft-eagle3" and "--spec-type draft-eagle3" in served["serve"]
-    plain, spec = decode_both(engine, served["target_gguf"], out / served["draft"])
+    plain, spec = decode_both(engine, served["target_gguf"],
+                              llama_cpp.draft_args(out / served["draft"], served["spec_type"], K))
     for p, s in zip(plain, spec):
         assert s["tokens"] == p["tokens"] and len(p["tokens"]) > 0  # greedy: the draft changes nothing
         assert "draft_n" not in p["timings"] or p["timings"]["draft_n"] == 0
@@ -192,22 +194,12 @@ def test_llama_cpp_decodes_smollm2_with_an_exported_block_drafter_losslessly(tmp
     """A SmolLM2 dflash / dspark (one layer, 8,192-token draft vocabulary, random weights) exported
     for llama.cpp: its converter takes it, llama-server drafts with it (its own counters) and
     decodes what it decodes without it."""
-    torch.manual_seed(0)
-    counts = torch.randperm(SMOLLM2_INFO.vocab_size, generator=torch.Generator().manual_seed(1)).float()
-    speculator = build_speculator(family, {"draft_vocab_size": 8192}, TargetInfo.of(smollm2).with_counts(counts))
-    runs = tmp_path / "runs"
-    speculator.save(runs / "run" / "checkpoints" / "speculator", extra={"target_config": SMOLLM2})
-    make_run(runs, "run", family=family, params=speculator.num_params(), checkpoint="checkpoints/speculator",
-             weights_sha256=weights_sha256(speculator.state_dict()), per_position=(0.5, 0.3, 0.2, 0.1), speedup=1.3)
-    out = export_best(runs, tmp_path / "out", engine="llama.cpp")
+    _, out = smollm2_export(tmp_path, family, TargetInfo.of(smollm2))
     assert json.loads((out / "export.json").read_text())["layout"] == f"llama_cpp_{family}"
     served = json.loads((out / "llama_cpp.json").read_text())
     assert served["spec_type"] == f"draft-{family}" and served["k"] == K
-    args = llama_cpp.draft_args(out / served["draft"], served["spec_type"], K)
-    with llama_cpp.server(engine, served["target_gguf"]) as url:
-        plain = [llama_cpp.complete(url, prompt, N_PREDICT) for prompt in PROMPTS]
-    with llama_cpp.server(engine, served["target_gguf"], args) as url:
-        spec = [llama_cpp.complete(url, prompt, N_PREDICT) for prompt in PROMPTS]
+    plain, spec = decode_both(engine, served["target_gguf"], llama_cpp.draft_args(out / served["draft"],
+                                                                                 served["spec_type"], K))
     for p, s in zip(plain, spec):
         assert s["tokens"] == p["tokens"] and len(p["tokens"]) > 0
         assert s["timings"]["draft_n"] > 0

@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 from test_export_layouts import SPECS, exported
-from test_llama_cpp import K, N_PREDICT, PROMPTS, engine, smollm2_export  # noqa: F401 - `engine` is a fixture
+from test_llama_cpp import K, decode_both, engine, smollm2_export  # noqa: F401 - `engine` is a fixture
 
 from speclab.eval.engine import Generation
 from speclab.eval.metrics import tokens_per_pass
@@ -148,10 +148,7 @@ def test_serve_turns_the_vllm_export_into_a_llama_cpp_one_that_decodes_losslessl
     served = serve.read_export(vllm_out.with_name("vllm" + serve.SERVED_SUFFIX))
     assert f"--port 18080" in printed and str(served.draft_gguf) in printed
     assert gguf_tensors(engine, served.draft_gguf) == gguf_tensors(engine, llama_out / "draft.gguf")  # same weights
-    with llama_cpp.server(engine, served.target_gguf) as url:
-        plain = [llama_cpp.complete(url, prompt, N_PREDICT) for prompt in PROMPTS]
-    with llama_cpp.server(engine, served.target_gguf, served.server_args()) as url:
-        spec = [llama_cpp.complete(url, prompt, N_PREDICT) for prompt in PROMPTS]
+    plain, spec = decode_both(engine, served.target_gguf, served.server_args())
     assert [s["tokens"] for s in spec] == [p["tokens"] for p in plain]
     assert all(s["timings"]["draft_n"] > 0 for s in spec)
 
