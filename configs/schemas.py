@@ -38,7 +38,7 @@ from omegaconf import OmegaConf
 FAMILIES = "schema/speculator"
 SOURCES: dict[tuple[str, str], tuple[str, str]] = {
     **{(FAMILIES, family): (f"speclab.speculator.{family}", cls) for family, cls in {
-        "dflash": "DFlashConfig", "dspark": "DSparkConfig", "draft_lm": "DraftLMConfig", "eagle": "EagleConfig", "eagle3": "Eagle3Config", "hybrid": "HybridConfig",
+        "dflash": "DFlashConfig", "dflash2": "DFlash2Config", "dspark": "DSparkConfig", "draft_lm": "DraftLMConfig", "eagle": "EagleConfig", "eagle3": "Eagle3Config", "hybrid": "HybridConfig",
         "hydra": "HydraConfig", "lstm": "LSTMConfig", "medusa": "MedusaConfig", "mlp": "MLPConfig",
         "ngram": "NgramConfig", "peagle": "PEagleConfig", "suffix": "SuffixConfig", "xpress": "XPressConfig"}.items()},
     ("schema/training", "watchdog"): ("speclab.training.watchdog", "WatchdogConfig"),
@@ -81,7 +81,12 @@ def source_fields(module: str, name: str) -> list[Field]:
             if annotation.startswith("ClassVar"):
                 continue
             kind = PLAIN.get(annotation, str if annotation.startswith("Literal[") or annotation in literals else Any)
-            fields = [f for f in fields if f[0] != node.target.id] + [(node.target.id, kind, _default(node.value))]
+            field = (node.target.id, kind, _default(node.value))
+            names = [f[0] for f in fields]  # a redeclared field keeps its base's place, as dataclasses order it
+            if field[0] in names:
+                fields[names.index(field[0])] = field
+            else:
+                fields.append(field)
     return fields
 
 

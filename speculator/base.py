@@ -141,14 +141,15 @@ class Speculator(nn.Module):
 
     def token_loss(self, states: torch.Tensor, feats: Features, objective: Objective,
                    target_head: Callable[[torch.Tensor], torch.Tensor], rows: torch.Tensor | None = None,
-                   weights: list[float] | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+                   weights: list[float] | None = None,
+                   target_args: dict[int, torch.Tensor] | None = None) -> tuple[torch.Tensor, dict[str, float]]:
         """`loss` on already computed `draft_states` [B, P, T, D] (families adding terms reuse it).
         rows [B, T] bool: only these draft positions t are trained (a block drafter trains a
-        sample of anchors); weights [P]: step p's rows weigh weights[p] in the mean."""
+        sample of anchors); weights [P]: step p's rows weigh weights[p] in the mean. A dict
+        given as target_args receives step p's target argmax per trained row, in the order of
+        `step_rows(p)`, for a family whose extra term needs the target's choice."""
         T = states.shape[2]
-        next_ids = torch.zeros_like(feats.input_ids)
-        next_ids[:, :-1] = feats.input_ids[:, 1:]
-        trainable = feats.loss_mask & self.vocab.contains(next_ids)  # [B, T]
+        trainable = self._trainable(feats)  # [B, T]
         columns = None if self.vocab.full else self.vocab.ids
         fused, head = getattr(objective, "fused", None), self.target_info.lm_head_weight
         fuses = getattr(objective, "fuses", lambda rows, vocab, device: True)  # plain objectives: whenever possible
@@ -160,9 +161,7 @@ class Speculator(nn.Module):
             span = T - lo
             if span <= 0:
                 break
-            mask = trainable[:, lo:]  # [B, span]
-            if rows is not None:
-                mask = mask & rows[:, :span]
+            mask = self.step_rows(p, feats, rows)  # [B, span]
             if not mask.any():
                 continue
             w = 1.0 if weights is None else weights[p]
@@ -182,6 +181,8 @@ class Speculator(nn.Module):
                     kept = rows[:, :span][trainable[:, lo:]]
                     from_lo = (torch.arange(kept.numel(), device=kept.device) if from_lo is None else from_lo)[kept]
                 per_row, draft_arg, target_arg = _rows(objective, draft, logits, from_lo)
+            if target_args is not None:
+                target_args[p] = target_arg
             total = total + w * per_row.sum()
             count += w * per_row.numel()
             with torch.no_grad():
@@ -189,6 +190,19 @@ class Speculator(nn.Module):
             metrics[f"loss_pos{p}"] = per_row.detach().mean().item()
             metrics[f"acc_pos{p}"] = agree.item()
         return total / max(count, 1), metrics
+
+    def _trainable(self, feats: Features) -> torch.Tensor:
+        """[B, T]: positions whose next token is trained (an assistant token the draft vocabulary holds)."""
+        next_ids = torch.zeros_like(feats.input_ids)
+        next_ids[:, :-1] = feats.input_ids[:, 1:]
+        return feats.loss_mask & self.vocab.contains(next_ids)
+
+    def step_rows(self, p: int, feats: Features, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, T - shift - p] bool: the draft positions t whose step p `token_loss` trains (draft
+        (p, t) guesses the target at position t + shift + p)."""
+        lo = self.shift + p
+        mask = self._trainable(feats)[:, lo:]
+        return mask if rows is None else mask & rows[:, : mask.shape[1]]
 
     @property
     def target_layer_ids(self) -> tuple[int, ...]:

@@ -114,9 +114,13 @@ class DFlashLayer(nn.Module):
         """x [B, S, d]: S = blocks x block_size rows at rotary rows cos/sin [S, dh]; context keys and
         values [B, h_kv, N, dh] under mask [B or 1, 1, 1, S, N] (None: all visible). Each row also
         sees every row of its own block."""
-        B, S, _ = x.shape
+        x = x + self.attention(self.input_layernorm(x), context, mask, cos, sin, block_size)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+    def attention(self, h: torch.Tensor, context: KV, mask: torch.Tensor | None, cos, sin, block_size: int) -> torch.Tensor:
+        """The attention sublayer on normed rows h [B, S, d] (forward's arguments) -> o_proj's output."""
+        B, S, _ = h.shape
         a = self.self_attn
-        h = self.input_layernorm(x)
         q = a.q_norm(a.q_proj(h).view(B, S, self.heads, self.head_dim)).transpose(1, 2)
         q = _apply_rope(q, cos, sin)
         k, v = self.keys_values(h, cos, sin)  # [B, h_kv, S, dh]
@@ -128,8 +132,7 @@ class DFlashLayer(nn.Module):
             return t.expand(-1, -1, -1, block_size, -1, -1).reshape(B, self.kv_heads, S, block_size, self.head_dim)
 
         out = attend(q, context, mask, (own_block(k), own_block(v)), self.heads // self.kv_heads)
-        x = x + a.o_proj(out.transpose(1, 2).reshape(B, S, -1))
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return a.o_proj(out.transpose(1, 2).reshape(B, S, -1))
 
 
 class DFlashSpeculator(Speculator):
@@ -151,15 +154,18 @@ class DFlashSpeculator(Speculator):
         self.embed = FrozenTargetTensor(target.embed_weight, "input embedding", self.family)
         self.fc = nn.Linear(len(self.target_layer_ids) * d, d, bias=False)
         self.hidden_norm = nn.RMSNorm(d, eps=config.rms_norm_eps)
-        self.layers = nn.ModuleList(DFlashLayer(d, config.num_heads, config.num_kv_heads, config.head_dim,
-                                                config.intermediate_size, config.rms_norm_eps)
-                                    for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(self.make_layer(d) for _ in range(config.num_layers))
         self.norm = nn.RMSNorm(d, eps=config.rms_norm_eps)
         self.lm_head = nn.Linear(d, self.vocab.size, bias=False)
         if target.lm_head_weight is not None:
             with torch.no_grad():
                 self.lm_head.weight.copy_(target.lm_head_weight.float()[self.vocab.ids.to(target.lm_head_weight.device)])
         self.lm_head.weight.requires_grad_(config.head == "trained")
+
+    def make_layer(self, d: int) -> DFlashLayer:
+        """One draft decoder layer of width d (dflash2's wraps its sublayers in convolutions)."""
+        c = self.config
+        return DFlashLayer(d, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.rms_norm_eps)
 
     @classmethod
     def layer_ids_for(cls, config: DFlashConfig, num_layers: int) -> tuple[int, ...]:

@@ -12,6 +12,7 @@ from typing import Any
 
 from .base import Speculator
 from .dflash import DFlashSpeculator
+from .dflash2 import DFlash2Speculator
 from .dspark import DSparkSpeculator
 from .draft_lm import DraftLM
 from .eagle import EagleSpeculator
@@ -27,7 +28,7 @@ from .suffix import SuffixSpeculator
 from .xpress import XPressSpeculator
 
 DRAFTERS: dict[str, type[Speculator]] = {cls.family: cls for cls in (
-    DFlashSpeculator, DSparkSpeculator, DraftLM, EagleSpeculator, Eagle3Speculator, HydraSpeculator, LSTMSpeculator,
+    DFlashSpeculator, DFlash2Speculator, DSparkSpeculator, DraftLM, EagleSpeculator, Eagle3Speculator, HydraSpeculator, LSTMSpeculator,
     MedusaSpeculator, MLPSpeculator, NgramSpeculator, PEagleSpeculator, SuffixSpeculator, XPressSpeculator,
 )}
 

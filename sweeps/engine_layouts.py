@@ -58,8 +58,8 @@ def refusals(speculator: Speculator, layout: str) -> list[str]:
         return eagle3_refusals(speculator, EAGLE3_ENGINES[layout])
     if layout == "speculators_peagle":  # P-EAGLE reads the target as EAGLE-3 does, served by vLLM
         return eagle3_refusals(speculator, "vLLM")
-    if layout in ("speculators_dflash", "speculators_dspark", "speculators_xpress", "llama_cpp_dflash",
-                  "llama_cpp_dspark"):
+    if layout in ("speculators_dflash", "speculators_dflash2", "speculators_dspark", "speculators_xpress",
+                  "llama_cpp_dflash", "llama_cpp_dspark"):
         engine = "llama.cpp" if layout.startswith("llama_cpp") else "vLLM"
         L, ids, out = speculator.target_info.num_layers, list(speculator.target_layer_ids), []
         if any(i >= L for i in ids):
@@ -252,18 +252,19 @@ def _speculators_format(speculator: Speculator, ctx: ExportContext, out: Path, k
 
 
 def speculators_dflash(speculator: Speculator, ctx: ExportContext, out: Path) -> tuple[dict, dict, dict]:
-    """dflash.py (dspark.py, xpress.py) already use speculators' `DFlashDraftModel` (`DSparkDraftModel`,
-    `XPressDraftModel`) names; its layers are Qwen3's
+    """dflash.py (dspark.py, xpress.py, dflash2.py) already use speculators' `DFlashDraftModel` (`DSparkDraftModel`,
+    `XPressDraftModel`, `DFlash2DraftModel`) names; its layers are Qwen3's
     (q/k norms), so the layer config is a Qwen3Config. The embedding is the verifier's (not
     saved, as speculators saves none); a reduced vocabulary's head and d2t/t2d are."""
     c, target = speculator.config, speculator.target_info
     verifier_name, verifier_arch = verifier_of(ctx, target.name, out)
     tensors, weight_map = renamed_tensors(speculator, lambda name: name)
-    kind = speculator.family  # dflash, or dspark / xpress (dflash's config plus their heads')
+    kind = speculator.family  # dflash, or dspark / xpress / dflash2 (dflash's config plus their parts')
     config = {
         "speculators_model_type": kind,
         "speculators_version": SPECULATORS_VERSION,
-        "architectures": [{"dflash": "DFlashSpeculator", "dspark": "DSparkSpeculator", "xpress": "XPressSpeculator"}[kind]],
+        "architectures": [{"dflash": "DFlashSpeculator", "dspark": "DSparkSpeculator", "xpress": "XPressSpeculator",
+                           "dflash2": "DFlash2DraftModel"}[kind]],
         "draft_vocab_size": speculator.vocab.size,
         "block_size": c.block_size,
         "target_hidden_size": target.hidden_size,
@@ -303,6 +304,9 @@ def speculators_dflash(speculator: Speculator, ctx: ExportContext, out: Path) ->
     if kind == "xpress":  # Jacobi passes settle the block in at most block_size - 1 (xpress.py)
         config.update(xpress_rank=c.xpress_rank, xpress_mlp_ratio=c.xpress_mlp_ratio,
                       num_jacobi_passes=c.block_size - 1)
+    if kind == "dflash2":
+        config.update(conv_kernel_size=c.conv_kernel_size, conv_group_size=c.conv_group_size,
+                      selector_rank=c.selector_rank, selector_top_k=c.selector_top_k)
     return tensors, config, {"weight_map": weight_map}
 
 
@@ -451,7 +455,8 @@ AFTER_WRITE: dict[str, Callable] = {"llama_cpp_eagle3": llama_cpp_gguf, "llama_c
 FOREIGN: dict[str, Callable] = {"mlp_speculator": mlp_speculator, "speculators_eagle3": speculators_eagle3,
                                 "speculators_peagle": speculators_peagle,
                                 "speculators_dflash": speculators_dflash, "speculators_dspark": speculators_dflash,
-                                "speculators_xpress": speculators_dflash, "hf_llama": hf_llama,
+                                "speculators_xpress": speculators_dflash, "speculators_dflash2": speculators_dflash,
+                                "hf_llama": hf_llama,
                                 "vllm_medusa": vllm_medusa, "sglang_eagle3": sglang_eagle3,
                                 "trtllm_eagle3": trtllm_eagle3, "llama_cpp_eagle3": llama_cpp_eagle3,
                                 "llama_cpp_dflash": llama_cpp_block, "llama_cpp_dspark": llama_cpp_block}

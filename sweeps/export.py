@@ -20,7 +20,7 @@ from typing import Callable
 from speclab.speculator.base import Speculator, TargetInfo
 from speclab.speculator.families import load_speculator, speculator_class
 
-from .export_formats import ExportContext, layout_of, write_layout
+from .export_formats import ENGINE_LAYOUTS, ExportContext, layout_of, write_layout
 from .run_rows import best, is_eligible, load_rows, metric_value
 from .results import (EXPORT_MANIFEST, RESULT_FILE, SHARED_DIR_MODE, SHARED_FILE_MODE, SPECULATOR_FILES,
                       is_speculator_checkpoint, weights_sha256, write_json_atomic)
@@ -58,14 +58,9 @@ def _tie_rank(row: dict) -> tuple[bool, float, float]:
 
 
 def servable(row: dict, engine: str = "vllm") -> bool:
-    """Whether the run's family exports to `engine`'s layout (export_formats.layout_of; an
-    export whose engine refuses its settings still falls back to speclab's own)."""
-    if not row.get("family"):
-        return False
-    try:
-        return layout_of(row["family"], engine) != "speclab"
-    except ValueError:  # the engine has no layout for the family
-        return False
+    """Whether the run's family exports to a layout `engine` serves (export_formats.ENGINE_LAYOUTS;
+    an export whose engine refuses its settings still falls back to speclab's own)."""
+    return bool(row.get("family")) and row["family"] in ENGINE_LAYOUTS.get(engine, {})
 
 
 def beside_dir(out_dir: str | Path) -> Path:

@@ -9,6 +9,9 @@ speclab measured (docs/serving.md is the table):
   `target_hidden_size`, `eagle_aux_hidden_state_layer_ids`) and model.safetensors with the
   names of speculators' `Eagle3DraftModel` (eagle3.py uses them; `vocab.ids` becomes `d2t`/`t2d`),
   `norm_output` for EAGLE-3.1.
+- `dflash`, `dspark`, `xpress` -> the speculators format of `DFlashDraftModel` and its heads;
+  `dflash2` -> the same format of `DFlash2DraftModel`, which speculators loads and no engine is
+  known to serve (CLIENT_ONLY: written by default, never counted servable).
 - `peagle` -> the same format as speculators' `PEagleDraftModel` (`speculators_model_type: peagle`,
   `mask_token_id`, the `mask_hidden` tensor beside eagle3's).
 - `mlp` -> the `mlp_speculator` layout of fms-extras / vLLM's `MLPSpeculator`, speclab's norm
@@ -51,7 +54,7 @@ from .engine_layouts import AFTER_WRITE, FOREIGN, VOCAB_IDS, ExportContext, refu
 from .export_mlp import from_vllm
 from .speculators_import import is_speculators_checkpoint, load_speculators_checkpoint
 
-__all__ = ["ENGINES", "ExportContext", "SPECLAB_META", "checkpoint_meta", "layout_of", "load_checkpoint",
+__all__ = ["ENGINES", "ENGINE_LAYOUTS", "ExportContext", "SPECLAB_META", "checkpoint_meta", "layout_of", "load_checkpoint",
            "write_layout"]
 
 log = logging.getLogger(__name__)
@@ -68,6 +71,10 @@ ENGINE_LAYOUTS = {
     "trtllm": {"eagle3": "trtllm_eagle3"},
     "llama.cpp": {"eagle3": "llama_cpp_eagle3", "dflash": "llama_cpp_dflash", "dspark": "llama_cpp_dspark"},
 }
+# Families written in a client's format that no engine is known to serve: the default export
+# (`--engine vllm`) writes them so (speculators' own from_pretrained loads them), but a run of
+# theirs is not servable (export.servable) and `--best` exports it beside a servable one.
+CLIENT_ONLY = {"dflash2": "speculators_dflash2"}
 
 
 def layout_of(family: str, engine: str = "vllm") -> str:
@@ -78,7 +85,7 @@ def layout_of(family: str, engine: str = "vllm") -> str:
     layouts = ENGINE_LAYOUTS[engine]
     if engine != "vllm" and family not in layouts:
         raise ValueError(f"{engine} has no layout for the {family} family (it has one for: {', '.join(layouts)})")
-    return layouts.get(family, "speclab")
+    return layouts.get(family) or (CLIENT_ONLY.get(family, "speclab") if engine == "vllm" else "speclab")
 
 
 def write_layout(out: Path, speculator: Speculator, ctx: ExportContext,

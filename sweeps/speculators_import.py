@@ -1,7 +1,7 @@
 """A checkpoint saved by vLLM's speculators library (config.json + model.safetensors, no
 speclab.json beside it) read into the speclab family that computes the same draft:
 `load_checkpoint` falls back to it, so `speclab eval` scores a draft trained elsewhere.
-Readable: `eagle3` (and EAGLE-3.1's `norm_output`), `peagle`, `dflash`, `dspark`, `xpress`.
+Readable: `eagle3` (and EAGLE-3.1's `norm_output`), `peagle`, `dflash`, `dflash2`, `dspark`, `xpress`.
 
 config.json is data from a stranger: only the fields below are read, each checked, and
 nothing in it names code to run. A checkpoint asking for maths speclab's layers do not
@@ -97,6 +97,13 @@ def _xpress(config: dict, target: TargetInfo, path: Path) -> tuple[str, dict]:
                           xpress_mlp_ratio=_int(config, "xpress_mlp_ratio", path))
 
 
+def _dflash2(config: dict, target: TargetInfo, path: Path) -> tuple[str, dict]:
+    """dflash's fields plus the convolutions' and the selector's (over the whole vocabulary)."""
+    _, options = _dflash(config, target, path)
+    return "dflash2", dict(options, **{key: _int(config, key, path) for key in
+                                       ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")})
+
+
 def _dflash(config: dict, target: TargetInfo, path: Path) -> tuple[str, dict]:
     layer = config.get("transformer_layer_config")
     if not isinstance(layer, dict):
@@ -126,7 +133,7 @@ def _dflash(config: dict, target: TargetInfo, path: Path) -> tuple[str, dict]:
     }
 
 
-CONFIGS = {"dflash": _dflash, "dspark": _dspark, "xpress": _xpress}
+CONFIGS = {"dflash": _dflash, "dflash2": _dflash2, "dspark": _dspark, "xpress": _xpress}
 
 
 def _int(section: dict, key: str, path: Path) -> int:

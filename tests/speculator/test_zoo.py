@@ -1,4 +1,4 @@
-"""The speculator zoo (medusa, hydra, eagle, eagle3, peagle, lstm, dflash, dspark, xpress): tree drafting agrees with chain
+"""The speculator zoo (medusa, hydra, eagle, eagle3, peagle, lstm, dflash, dflash2, dspark, xpress): tree drafting agrees with chain
 drafting, training reads no future, sizes are knobs, checkpoints hold only the draft's own
 weights, and greedy speculative decoding is lossless on a real target."""
 
@@ -13,10 +13,12 @@ from speclab.speculator.eagle3 import default_layer_ids
 
 from test_families import SMALL, TOL, TRAINING_FREE, random_layers, target_info
 
-ZOO = [f for f in ("medusa", "hydra", "eagle", "eagle3", "peagle", "lstm", "dflash", "dspark", "xpress") if f in SMALL]
+ZOO = [f for f in ("medusa", "hydra", "eagle", "eagle3", "peagle", "lstm", "dflash", "dflash2", "dspark", "xpress") if f in SMALL]
 # Their later block positions read no token past the pending one x_{t+1} (mask rows); dspark and
-# xpress do read x_{t+1+p}, through their heads on the previous token.
-MASK_ROWS = {"peagle", "dflash"}
+# xpress do read x_{t+1+p}, through their heads on the previous token. dflash2's states are
+# dflash's: its selector reads x_{t+1+p} after them, in draft_logits (test_families compares
+# those with inference).
+MASK_ROWS = {"peagle", "dflash", "dflash2"}
 
 
 def started(spec, info, T0=6, seed=3):
@@ -91,7 +93,7 @@ def bigger(family: str) -> dict:
     return {"medusa": dict(num_blocks=3), "hydra": dict(hidden_size=32, num_blocks=2),
             "eagle": dict(num_layers=2), "eagle3": dict(num_layers=2, intermediate_size=64),
             "peagle": dict(num_layers=2, intermediate_size=64),
-            "lstm": dict(inner_dim=32), "dflash": dict(num_layers=2), "dspark": dict(markov_rank=9), "xpress": dict(xpress_rank=9)}[family]
+            "lstm": dict(inner_dim=32), "dflash": dict(num_layers=2), "dflash2": dict(selector_rank=9), "dspark": dict(markov_rank=9), "xpress": dict(xpress_rank=9)}[family]
 
 
 @pytest.mark.parametrize("family", ZOO)
@@ -278,7 +280,7 @@ def real_target_config(family: str) -> dict:
     training-free family's defaults."""
     if family in TRAINING_FREE:
         return {}
-    return dict(SMALL[family][1], **({"target_layers": []} if family in ("eagle3", "peagle", "dflash", "dspark", "xpress") else {}))
+    return dict(SMALL[family][1], **({"target_layers": []} if family in ("eagle3", "peagle", "dflash", "dflash2", "dspark", "xpress") else {}))
 
 
 @pytest.mark.parametrize("family", sorted(REGISTRY))
@@ -293,7 +295,7 @@ def test_greedy_speculative_decoding_is_lossless_on_tiny(family, tiny):
         assert spec_out.tokens == plain.tokens
 
 
-@pytest.mark.parametrize("learned", ["dflash", "dspark", "xpress"])
+@pytest.mark.parametrize("learned", ["dflash", "dflash2", "dspark", "xpress"])
 def test_a_hybrid_with_a_block_drafter_is_lossless_as_a_chain_and_as_a_tree(learned, tiny):
     """The hybrid's learned part a block drafter (configs/speculator/hybrid_dflash.yaml): its
     steps mix suffix chains and blocks; a tree step unions both. min_match 1: suffix drafts

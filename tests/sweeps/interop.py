@@ -5,6 +5,7 @@ serving_figures.py (the figures in docs/serving.md).
 - eagle3: vLLM's own `speculators` library, `SpeculatorModel.from_pretrained(export)`, its
   training forward unrolled over 3 TTT steps (the draft logits are caught at its lm_head);
 - peagle: the same, its training forward over every (anchor, depth) of the sequence;
+- dflash2: the same library's `DFlash2DraftModel`, its unary logits and its selector's scores;
 - dflash, dspark, xpress: the same library's `DFlashDraftModel` / `DSparkDraftModel` /
   `XPressDraftModel`, its training forward over every anchor (dspark's Markov bias and
   xpress's teacher-forced refiner bias caught beside its lm_head);
@@ -161,6 +162,34 @@ def dflash_vs_speculators(speculator, out: Path, target) -> tuple[float, float]:
 
 
 
+@torch.no_grad()
+def dflash2_vs_speculators(speculator, out: Path, target) -> tuple[float, float]:
+    """As dflash_vs_speculators, on both of DFlash2's outputs: the unary logits (caught at its
+    lm_head) and the drafted distribution, i.e. speculators' own `candidate_selector.select` on
+    the unary logits, block states and teacher-forced predecessors its training forward passes
+    to the selector, placed as speclab places it (FLOOR off the K candidates)."""
+    from speclab.speculator.lookup import FLOOR
+
+    model = load_block_drafter_in_speculators(out)
+    feats = target_features(target, speculator)
+    bs = speculator.config.block_size
+    caught, selector = [], model.candidate_selector
+    score = selector.score_candidates
+    selector.score_candidates = lambda unary, hidden, previous, ids: caught.append((unary, hidden, previous)) or \
+        score(unary, hidden, previous, ids)
+    model(hidden_states=feats.layers.flatten(-2), input_ids=feats.input_ids,
+          loss_mask=torch.ones(1, T, dtype=torch.long), verifier_last_hidden_states=feats.hidden,
+          document_ids=torch.zeros(1, T, dtype=torch.long), max_anchors=T - bs)
+    unary, hidden, previous = caught[0]
+    ids, scores = selector.select(unary, hidden, previous)
+    drafted = torch.full_like(unary, FLOOR).scatter(-1, ids, scores)
+    # [anchors, slots, N] -> anchor 0 (no context) has no speclab row; slot 0 drafts nothing
+    got = [x.view(T - bs, bs, -1)[1:, 1:] for x in (unary, drafted)]
+    states = speculator.draft_states(feats)[0, :, : T - bs - 1]  # [steps, rows, d]
+    want = [speculator.lm_head(states).transpose(0, 1), speculator.draft_logits(feats)[0, :, : T - bs - 1].transpose(0, 1)]
+    diff = max((g - w).abs().max().item() for g, w in zip(got, want))
+    return diff, (got[1].argmax(-1) == want[1].argmax(-1)).float().mean().item()
+
 
 @torch.no_grad()
 def mlp_vs_vllm_oracle(speculator, out: Path, target) -> tuple[float, float]:
@@ -209,9 +238,10 @@ def draft_lm_vs_transformers(speculator, out: Path, target) -> tuple[float, floa
 
 
 COMPARE = {"eagle3": eagle3_vs_speculators, "peagle": peagle_vs_speculators, "dflash": dflash_vs_speculators,
+           "dflash2": dflash2_vs_speculators,
            "dspark": dflash_vs_speculators, "xpress": dflash_vs_speculators, "mlp": mlp_vs_vllm_oracle,
            "medusa": medusa_vs_vllm_oracle, "draft_lm": draft_lm_vs_transformers}
-CLIENT = {**{family: "speculators 0.9.0 `SpeculatorModel.from_pretrained`" for family in ("eagle3", "peagle", "dflash", "dspark", "xpress")},
+CLIENT = {**{family: "speculators 0.9.0 `SpeculatorModel.from_pretrained`" for family in ("eagle3", "peagle", "dflash", "dflash2", "dspark", "xpress")},
           "mlp": "vLLM `MLPSpeculator` oracle (rebuilt from vLLM's source)",
           "medusa": "vLLM `Medusa` oracle (rebuilt from vLLM's source)",
           "draft_lm": "transformers `AutoModelForCausalLM.from_pretrained`"}

@@ -18,6 +18,8 @@ SMALL_SPECULATORS = {
     "mlp": {"n_predict": 2, "inner_dim": 16},
     "draft_lm": {"num_layers": 1, "hidden_size": 16, "num_heads": 2, "intermediate_size": 32},
     "hydra": {"n_predict": 2, "hidden_size": 16},
+    "dflash2": {"block_size": 3, "num_heads": 2, "num_kv_heads": 1, "head_dim": 8, "intermediate_size": 32,
+                "selector_rank": 4, "selector_top_k": 3},
 }
 
 
@@ -178,6 +180,18 @@ def test_a_best_run_no_engine_serves_is_exported_beside_the_best_servable_one(tm
     assert beside["role"]["servable_export"] == str(tmp_path / "best")
     out = capsys.readouterr().out
     assert "The best run overall, hydra (hydra), is not servable" in out
+
+
+def test_a_best_dflash2_is_written_in_speculators_format_beside_the_servable_one(tmp_path, tiny_target):
+    """speculators loads a dflash2 export, but no engine is known to serve one: beside, in its format."""
+    root = tmp_path / "runs"
+    make_speculator_run(root, "dflash2", tiny_target, family="dflash2", speedup=1.9)
+    make_speculator_run(root, "mlp", tiny_target, speedup=1.2)
+    export_best(root, tmp_path / "best")
+    assert json.loads((tmp_path / "best" / "export.json").read_text())["run_id"] == "mlp"
+    beside = tmp_path / "best-best-overall"
+    assert json.loads((beside / "export.json").read_text())["layout"] == "speculators_dflash2"
+    assert json.loads((beside / "config.json").read_text())["speculators_model_type"] == "dflash2"
 
 
 def test_a_servable_best_run_is_exported_alone(tmp_path, runs):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from interop import T, dflash_vs_speculators, draft_lm_vs_transformers, eagle3_vs_speculators, \
+from interop import T, dflash2_vs_speculators, dflash_vs_speculators, draft_lm_vs_transformers, eagle3_vs_speculators, \
     load_block_drafter_in_speculators, load_in_speculators, masked_logits_ceiling, medusa_vs_vllm_oracle, \
     mlp_vs_vllm_oracle, peagle_vs_speculators
 from test_export_layouts import SPECS, exported, same_state, tensor_names
@@ -97,8 +97,28 @@ def test_xpress_loads_in_speculators_and_computes_speclabs_refined_blocks(tmp_pa
     assert diff < ATOL and agree == 1.0
 
 
-@pytest.mark.parametrize("family", ["dflash", "dspark", "xpress"])
-@pytest.mark.parametrize("draft_vocab_size", [0, 100])
+def convolved(speculator):
+    """Random convolutions (they start as the identity), so speculators' convolutions are compared too."""
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for name, p in speculator.named_parameters():
+            if "_conv." in name:
+                p.add_(torch.randn_like(p) * 0.1)
+
+
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_dflash2_loads_in_speculators_and_computes_speclabs_blocks_and_selection(tmp_path, target, num_layers):
+    speculator, out = exported(tmp_path, target, "dflash2", spec=dict(SPECS["dflash2"], num_layers=num_layers),
+                               prepare=convolved)
+    config = json.loads((out / "config.json").read_text())
+    assert config["speculators_model_type"] == "dflash2" and config["selector_top_k"] == 5
+    assert config["draft_vocab_size"] == target.vocab_size and config["conv_group_size"] == 8
+    diff, agree = dflash2_vs_speculators(speculator, out, target)
+    assert diff < ATOL and agree == 1.0
+
+
+@pytest.mark.parametrize(("family", "draft_vocab_size"),  # speculators' DFlash2 drafts over the whole vocabulary only
+                         [(f, n) for f in ("dflash", "dspark", "xpress") for n in (0, 100)] + [("dflash2", 0)])
 def test_a_block_drafter_saved_by_speculators_loads_into_speclab_with_its_logits(tmp_path, target, draft_vocab_size,
                                                                                  family):
     """The other way: speculators' own class, initialised at random and saved by it, read by
@@ -109,13 +129,15 @@ def test_a_block_drafter_saved_by_speculators_loads_into_speclab_with_its_logits
     torch.manual_seed(7)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.startswith(("layers.", "fc.", "hidden_norm.", "norm.", "markov_head.", "refiner_head.")):
+            if name.startswith(("layers.", "fc.", "hidden_norm.", "norm.", "markov_head.", "refiner_head.",
+                                "candidate_selector.")):
                 p.copy_(torch.randn_like(p) * (0.2 if p.ndim > 1 else 1.0))
     saved = tmp_path / "saved-by-speculators"
     model.save_pretrained(str(saved))
     loaded = load_checkpoint(saved, TargetInfo.of(target))
     assert not same_state(loaded, speculator)  # the weights it was given, not the export's
-    diff, agree = dflash_vs_speculators(loaded, saved, target)
+    compare = dflash2_vs_speculators if family == "dflash2" else dflash_vs_speculators
+    diff, agree = compare(loaded, saved, target)
     assert diff < ATOL and agree == 1.0
 
 

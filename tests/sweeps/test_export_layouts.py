@@ -36,6 +36,8 @@ SPECS = {
                "markov_rank": 6, "draft_vocab_size": 100},
     "xpress": {"block_size": 4, "num_heads": 4, "num_kv_heads": 2, "head_dim": 8, "intermediate_size": 48,
                "xpress_rank": 6, "draft_vocab_size": 100},
+    "dflash2": {"block_size": 4, "num_heads": 4, "num_kv_heads": 2, "head_dim": 8, "intermediate_size": 48,
+                "conv_kernel_size": 3, "conv_group_size": 8, "selector_rank": 6, "selector_top_k": 5},
 }
 
 

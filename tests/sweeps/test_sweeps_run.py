@@ -128,9 +128,9 @@ def test_data_scaling_trains_every_recipe_and_family_to_its_token_budget(all_swe
     _, runs, _ = all_sweeps
     learned = [r for r in results_of(runs / "sweep-data_scaling") if r["train"]["steps"]]  # not the baselines
     recipes = {(r["speculator"]["family"], r["config"]["data"]["source"], len(r["train"]["stages"])) for r in learned}
-    assert recipes == {(f, source, stages) for f in ("mlp", "hydra", "eagle3", "dflash", "dspark")
+    assert recipes == {(f, source, stages) for f in ("mlp", "hydra", "eagle3", "dflash", "dflash2", "dspark")
                        for source, stages in (("code_prompts", 1), ("code_corpus", 1), ("code_prompts", 2))}
-    assert len(learned) == 15 and {r["status"] for r in learned} == {"completed"}
+    assert len(learned) == 18 and {r["status"] for r in learned} == {"completed"}
     for r in learned:
         assert r["data"]["max_tokens"] == 200 and r["data"]["assistant_tokens"] >= 200
         assert r["data"]["cache"]["tok_s"] > 0 and all(c["tok_s"] for c in r["data"]["feature_cache"])
