@@ -25,8 +25,13 @@ in place of the K-th candidate where the top-K misses it (speculators' teacher-f
 selector loss), each step weighed as the unary loss weighs it, added at `selector_weight`.
 
 Parameter names follow speculators' `DFlash2DraftModel` (`layers.i.attention_conv.*`,
-`layers.i.mlp_conv.*`, `candidate_selector.*`). As there, the selector's codebooks cover the
-verifier's whole vocabulary, so DFlash2 drafts over all of it (draft_vocab_size 0).
+`layers.i.mlp_conv.*`, `candidate_selector.*`). speculators' DFlash2 drafts over the verifier's
+whole vocabulary (draft_vocab_size 0 here); speclab's also takes a reduced one, like every
+family's default (the predecessor codebook still covers every target token, the successor
+codebook the draft's), because on a CPU a step's cost is mostly streaming the vocabulary head:
+SmolLM2's whole-vocabulary head (49,152 x 576, 57 MB in bf16) made a demo step draft in 5.2 ms
+against dflash's 2.4 ms at 8,192 tokens. Such a draft is exported in speclab's own layout,
+with that reason (engine_layouts.refusals).
 """
 
 from __future__ import annotations
@@ -44,8 +49,6 @@ from .lookup import FLOOR
 
 @dataclass
 class DFlash2Config(DFlashConfig):
-    draft_vocab_size: int = 0
-    """The verifier's whole vocabulary (speculators' DFlash2 requires it: the selector's codebooks are per token)."""
     conv_kernel_size: int = 2
     """Causal taps of each local convolution along the block (at most block_size)."""
     conv_group_size: int = 16
@@ -98,6 +101,8 @@ class LocalConv(nn.Module):
 
 
 class DFlash2Layer(DFlashLayer):
+    """dflash's layer with a LocalConv around its attention and around its MLP."""
+
     def __init__(self, d: int, heads: int, kv_heads: int, head_dim: int, inner: int, eps: float,
                  block_size: int, taps: int, group: int):
         super().__init__(d, heads, kv_heads, head_dim, inner, eps)
@@ -116,17 +121,14 @@ class DFlash2Speculator(DFlashSpeculator):
     first_slot = 1
 
     def __init__(self, config: DFlash2Config, target: TargetInfo):
-        if config.draft_vocab_size not in (0, target.vocab_size):
-            raise ValueError(f"dflash2 drafts over the verifier's whole vocabulary (its selector's codebooks are per "
-                             f"token, as speculators' DFlash2 requires): draft_vocab_size 0, not {config.draft_vocab_size}")
-        if not 1 <= config.selector_top_k <= target.vocab_size or config.selector_rank < 1:
-            raise ValueError(f"dflash2 selector_top_k {config.selector_top_k} must be 1..{target.vocab_size} "
-                             f"and selector_rank {config.selector_rank} at least 1")
         super().__init__(config, target)
+        if not 1 <= config.selector_top_k <= self.vocab.size or config.selector_rank < 1:
+            raise ValueError(f"dflash2 selector_top_k {config.selector_top_k} must be 1..{self.vocab.size} (the draft "
+                             f"vocabulary) and selector_rank {config.selector_rank} at least 1")
         d, r = target.hidden_size, config.selector_rank
         selector = self.candidate_selector = nn.Module()
-        selector.predecessor_codebook = nn.Parameter(torch.randn(target.vocab_size, r) * 0.02)
-        selector.successor_codebook = nn.Parameter(torch.randn(target.vocab_size, r) * 0.02)
+        selector.predecessor_codebook = nn.Parameter(torch.randn(target.vocab_size, r) * 0.02)  # by target id
+        selector.successor_codebook = nn.Parameter(torch.randn(self.vocab.size, r) * 0.02)  # by draft id
         selector.hidden_projection = nn.Linear(d, r, bias=False)
         nn.init.normal_(selector.hidden_projection.weight, std=0.02)
 
@@ -138,8 +140,8 @@ class DFlash2Speculator(DFlashSpeculator):
     # --- the selector --------------------------------------------------------------------
 
     def transition(self, h: torch.Tensor, previous: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
-        """h [M, d] slot states, previous [M] the tokens before their guesses, candidates [M, K]
-        -> the selector's bilinear scores [M, K]."""
+        """h [M, d] slot states, previous [M] the tokens before their guesses (target ids),
+        candidates [M, K] (draft ids) -> the selector's bilinear scores [M, K]."""
         s = self.candidate_selector
         context = s.predecessor_codebook[previous] * s.hidden_projection(h).to(s.predecessor_codebook.dtype)
         return torch.einsum("mr,mkr->mk", context, s.successor_codebook[candidates])
@@ -175,6 +177,7 @@ class DFlash2Speculator(DFlashSpeculator):
             mask = self.step_rows(p, feats, trained)
             h = states[:, p, : mask.shape[1]][mask]  # [N, d], the rows token_loss trained at step p
             previous = feats.input_ids[:, self.shift + p:][mask]  # the token before each guess, teacher-forced
+            # target: the target's argmax among the draft vocabulary's columns (token_loss)
             with torch.no_grad():
                 candidates = self._top_candidates(h)  # [N, K]
                 hit = candidates.eq(target[:, None])
@@ -201,25 +204,27 @@ class DFlash2Speculator(DFlashSpeculator):
     # --- inference: one block pass, then the selector slot by slot ------------------------
 
     def block_output(self, out: torch.Tensor) -> torch.Tensor:
-        h = out[self.first_slot:]
-        return torch.cat([h, self.lm_head(h)], -1)  # [P, d + N]: the selector reads both
+        # The slots' states [P, d]: their vocabulary logits are computed only for the slots a
+        # step drafts (streaming the head once per step, not once per slot).
+        return out[self.first_slot:]
 
-    def _slot_logits(self, block: torch.Tensor, slot: int, previous: torch.Tensor) -> torch.Tensor:
-        """Drafting slot `slot`'s logits [M, N] after previous [M] target ids (`selected`)."""
-        d, M = self.target_info.hidden_size, previous.shape[0]
-        return self.selected(block[slot, :d].expand(M, -1), block[slot, d:].expand(M, -1), previous)
+    def _slot_logits(self, h: torch.Tensor, unary: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
+        """One slot's state h [d] and unary logits [N], after previous [M] target ids -> [M, N] (`selected`)."""
+        M = previous.shape[0]
+        return self.selected(h.expand(M, -1), unary.expand(M, -1), previous)
 
     @torch.no_grad()
     def propose(self, state: DFlashState, pending: torch.Tensor, k: int):
-        block = self._block_logits(state, pending)  # [P, d + N]
+        hidden = self._block_logits(state, pending)[: max(0, min(k, self.max_draft_len()))]  # [k', d]
+        unary = self.lm_head(hidden)  # [k', N]
         previous, tokens, logits = pending.reshape(1), [], []
-        for slot in range(max(0, min(k, self.max_draft_len()))):
-            row = self._slot_logits(block, slot, previous)  # [1, N]
-            previous = row.argmax(-1)
+        for slot in range(hidden.shape[0]):
+            row = self._slot_logits(hidden[slot], unary[slot], previous)  # [1, N]
+            previous = self.vocab.to_target(row.argmax(-1))
             tokens.append(previous)
             logits.append(row)
         if not tokens:
-            return pending.new_zeros(1, 0), block.new_zeros(1, 0, self.vocab.size)
+            return pending.new_zeros(1, 0), unary.new_zeros(1, 0, self.vocab.size)
         return torch.stack(tokens, 1), torch.stack(logits, 1)
 
     @torch.no_grad()
@@ -227,5 +232,6 @@ class DFlash2Speculator(DFlashSpeculator):
         M, d = paths.shape
         if d >= self.max_draft_len():
             raise ValueError(f"dflash2 drafts {self.max_draft_len()} tokens a block; a tree of depth {d + 1} is deeper")
+        h = self._block_logits(state, pending)[d]
         previous = paths[:, -1] if d else pending.reshape(1).expand(M)
-        return self._slot_logits(self._block_logits(state, pending), d, previous)
+        return self._slot_logits(h, self.lm_head(h), previous)

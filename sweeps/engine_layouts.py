@@ -72,6 +72,10 @@ def refusals(speculator: Speculator, layout: str) -> list[str]:
             out.append("llama.cpp's converter drops a full-vocabulary draft head and the draft then decodes through "
                        "whatever token table its GGUF holds, which speclab has not checked against its own head; "
                        "train with a reduced draft_vocab_size (its head and d2t are converted)")
+        if layout == "speculators_dflash2" and not speculator.vocab.full:
+            out.append(f"speculators' DFlash2 drafts over the verifier's whole vocabulary, and this draft's head and "
+                       f"selector cover {speculator.vocab.size} of its {speculator.vocab.target_vocab} tokens; train "
+                       "with draft_vocab_size=0")
         if layout == "llama_cpp_dspark" and speculator.config.markov_head != "vanilla":
             out.append(f"llama.cpp's converter takes only the vanilla Markov head; this draft has "
                        f"markov_head={speculator.config.markov_head}")

@@ -9,9 +9,10 @@ speclab measured (docs/serving.md is the table):
   `target_hidden_size`, `eagle_aux_hidden_state_layer_ids`) and model.safetensors with the
   names of speculators' `Eagle3DraftModel` (eagle3.py uses them; `vocab.ids` becomes `d2t`/`t2d`),
   `norm_output` for EAGLE-3.1.
-- `dflash`, `dspark`, `xpress` -> the speculators format of `DFlashDraftModel` and its heads;
-  `dflash2` -> the same format of `DFlash2DraftModel`, which speculators loads and no engine is
-  known to serve (CLIENT_ONLY: written by default, never counted servable).
+- `dflash`, `dspark` -> the speculators format of `DFlashDraftModel` / `DSparkDraftModel`;
+  `xpress`, `dflash2` -> the same format of `XPressDraftModel` / `DFlash2DraftModel`, which
+  speculators loads and no engine is known to serve (CLIENT_ONLY: written by default, never
+  counted servable).
 - `peagle` -> the same format as speculators' `PEagleDraftModel` (`speculators_model_type: peagle`,
   `mask_token_id`, the `mask_hidden` tensor beside eagle3's).
 - `mlp` -> the `mlp_speculator` layout of fms-extras / vLLM's `MLPSpeculator`, speclab's norm
@@ -65,7 +66,7 @@ ENGINES = ("vllm", "sglang", "trtllm", "llama.cpp")  # `speclab export --engine`
 # engine -> family -> its layout; a family missing under an engine has no layout for it
 ENGINE_LAYOUTS = {
     "vllm": {"eagle3": "speculators_eagle3", "peagle": "speculators_peagle", "dflash": "speculators_dflash",
-             "dspark": "speculators_dspark", "xpress": "speculators_xpress", "mlp": "mlp_speculator",
+             "dspark": "speculators_dspark", "mlp": "mlp_speculator",
              "draft_lm": "hf_llama", "medusa": "vllm_medusa"},
     "sglang": {"eagle3": "sglang_eagle3"},
     "trtllm": {"eagle3": "trtllm_eagle3"},
@@ -74,7 +75,7 @@ ENGINE_LAYOUTS = {
 # Families written in a client's format that no engine is known to serve: the default export
 # (`--engine vllm`) writes them so (speculators' own from_pretrained loads them), but a run of
 # theirs is not servable (export.servable) and `--best` exports it beside a servable one.
-CLIENT_ONLY = {"dflash2": "speculators_dflash2"}
+CLIENT_ONLY = {"dflash2": "speculators_dflash2", "xpress": "speculators_xpress"}
 
 
 def layout_of(family: str, engine: str = "vllm") -> str:

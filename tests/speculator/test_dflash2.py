@@ -81,9 +81,10 @@ def test_trained_convolutions_draft_as_they_train(size):
         torch.testing.assert_close(tf[0, i, T0 - 1], logits[0, i], **TOL)
 
 
-def test_drafts_are_the_selectors_choice_among_the_unary_top_k():
+@pytest.mark.parametrize("size", [0, 1])  # the whole vocabulary, a reduced one
+def test_drafts_are_the_selectors_choice_among_the_unary_top_k(size):
     info = target_info()
-    spec = build_speculator("dflash2", SMALL["dflash2"][0], info).eval()
+    spec = build_speculator("dflash2", SMALL["dflash2"][size], info).eval()
     with torch.no_grad():  # a selector strong enough to overrule the unary order
         for p in spec.candidate_selector.parameters():
             p.mul_(100)
@@ -92,15 +93,14 @@ def test_drafts_are_the_selectors_choice_among_the_unary_top_k():
     state = spec.start(prompt, torch.randn(1, 6, info.hidden_size), random_layers(spec, 6, info.hidden_size))
     pending = torch.randint(0, info.vocab_size, (1, 1))
     drafts, logits = spec.propose(state, pending, 3)
-    block = spec._block_logits(state, pending)
-    unary = block[:, info.hidden_size:]
+    unary = spec.lm_head(spec._block_logits(state, pending))
     K = spec.config.selector_top_k
     overruled = 0
     for i in range(3):
-        top = set(unary[i].topk(K).indices.tolist())
+        top = set(spec.vocab.to_target(unary[i].topk(K).indices).tolist())  # target ids
         assert int(drafts[0, i]) in top
         assert (logits[0, i] > -1e3).sum() == K  # only candidates carry a score
-        overruled += int(drafts[0, i]) != int(unary[i].argmax())
+        overruled += int(drafts[0, i]) != int(spec.vocab.to_target(unary[i].argmax()))
     assert overruled  # the selector changed at least one draft (else it would be untested here)
 
 
@@ -129,12 +129,10 @@ def test_selector_term_trains_the_selector_and_reports_recall():
     assert loss.item() == pytest.approx(unary_loss.item() + metrics["selector_loss"], rel=1e-5)
 
 
-def test_a_reduced_vocabulary_or_bad_shapes_are_refused():
-    with pytest.raises(ValueError, match="whole vocabulary"):
-        build_speculator("dflash2", dict(SMALL["dflash2"][0], draft_vocab_size=19), target_info())
+def test_bad_shapes_are_refused():
     with pytest.raises(ValueError, match="conv_group_size 7 must divide"):
         build_speculator("dflash2", dict(SMALL["dflash2"][0], conv_group_size=7), target_info())
     with pytest.raises(ValueError, match="conv_kernel_size 5"):
         build_speculator("dflash2", dict(SMALL["dflash2"][0], conv_kernel_size=5), target_info())
-    with pytest.raises(ValueError, match="selector_top_k 99"):
-        build_speculator("dflash2", dict(SMALL["dflash2"][0], selector_top_k=99), target_info())
+    with pytest.raises(ValueError, match="selector_top_k 20 must be 1..19"):  # more candidates than the draft vocabulary
+        build_speculator("dflash2", dict(SMALL["dflash2"][1], selector_top_k=20), target_info())

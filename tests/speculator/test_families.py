@@ -48,10 +48,10 @@ SMALL = {
                     target_layers=[1, 3], markov_rank=3, markov_head="gated", anchors=3, draft_vocab_size=19)],
     # the selector reranks K of the 53 tokens; 20 channels in groups of 4 or 5
     "dflash2": [dict(block_size=4, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=6, intermediate_size=40,
-                     conv_group_size=5, selector_rank=6, selector_top_k=5),
+                     conv_group_size=5, selector_rank=6, selector_top_k=5, draft_vocab_size=0),
                 dict(block_size=5, num_layers=2, num_heads=3, num_kv_heads=3, head_dim=4, intermediate_size=23,
                      target_layers=[1, 3], head="trained", anchors=3, conv_kernel_size=3, conv_group_size=4,
-                     selector_rank=3, selector_top_k=7)],
+                     selector_rank=3, selector_top_k=7, draft_vocab_size=19)],
     "xpress": [dict(block_size=4, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=6, intermediate_size=40,
                     xpress_rank=5),
                dict(block_size=5, num_layers=2, num_heads=3, num_kv_heads=3, head_dim=4, intermediate_size=23,

@@ -162,6 +162,15 @@ def dflash_vs_speculators(speculator, out: Path, target) -> tuple[float, float]:
 
 
 
+def convolved(speculator):
+    """Random convolutions (they start as the identity), so speculators' convolutions are compared too."""
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for name, p in speculator.named_parameters():
+            if "_conv." in name:
+                p.add_(torch.randn_like(p) * 0.1)
+
+
 @torch.no_grad()
 def dflash2_vs_speculators(speculator, out: Path, target) -> tuple[float, float]:
     """As dflash_vs_speculators, on both of DFlash2's outputs: the unary logits (caught at its

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from interop import CLIENT, COMPARE
+from interop import CLIENT, COMPARE, convolved
 from test_export_layouts import SPECS, exported
 from vllm_mlp_oracle import VLLMMLPSpeculator
 
@@ -44,7 +44,10 @@ CASES = [  # (family, label, spec)
     ("dspark", "dspark, block 3, gated Markov head, full vocab",
      dict(SPECS["dspark"], markov_head="gated", draft_vocab_size=0)),
     ("xpress", "xpress, block 4, refiner rank 6, draft vocab 100 of 384", SPECS["xpress"]),
+    ("dflash2", "dflash2, block 4, 3-tap convolutions (random), selector rank 6 over the top 5, full vocab",
+     SPECS["dflash2"]),
 ]
+PREPARE = {"dflash2": convolved}  # its convolutions start as the identity: made random so they are compared
 
 
 def size(out: Path) -> str:
@@ -87,7 +90,7 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for family, label, spec in CASES:
         with tempfile.TemporaryDirectory() as tmp:
-            speculator, out = exported(Path(tmp), target, family, spec=spec)
+            speculator, out = exported(Path(tmp), target, family, spec=spec, prepare=PREPARE.get(family))
             diff, agree = COMPARE[family](speculator, out, target)
             print(f"| {label} | {CLIENT[family]} | {diff:.1e} | {agree:.0%} | {size(out)} |")
     with tempfile.TemporaryDirectory() as tmp:

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from interop import T, dflash2_vs_speculators, dflash_vs_speculators, draft_lm_vs_transformers, eagle3_vs_speculators, \
-    load_block_drafter_in_speculators, load_in_speculators, masked_logits_ceiling, medusa_vs_vllm_oracle, \
-    mlp_vs_vllm_oracle, peagle_vs_speculators
+from interop import T, convolved, dflash2_vs_speculators, dflash_vs_speculators, draft_lm_vs_transformers, \
+    eagle3_vs_speculators, load_block_drafter_in_speculators, load_in_speculators, masked_logits_ceiling, \
+    medusa_vs_vllm_oracle, mlp_vs_vllm_oracle, peagle_vs_speculators
 from test_export_layouts import SPECS, exported, same_state, tensor_names
 from transformers import AutoModelForCausalLM
 
@@ -95,15 +95,6 @@ def test_xpress_loads_in_speculators_and_computes_speclabs_refined_blocks(tmp_pa
     assert config["speculators_model_type"] == "xpress" and config["xpress_rank"] == 6
     diff, agree = dflash_vs_speculators(speculator, out, target)
     assert diff < ATOL and agree == 1.0
-
-
-def convolved(speculator):
-    """Random convolutions (they start as the identity), so speculators' convolutions are compared too."""
-    torch.manual_seed(3)
-    with torch.no_grad():
-        for name, p in speculator.named_parameters():
-            if "_conv." in name:
-                p.add_(torch.randn_like(p) * 0.1)
 
 
 @pytest.mark.parametrize("num_layers", [1, 2])

@@ -37,7 +37,8 @@ SPECS = {
     "xpress": {"block_size": 4, "num_heads": 4, "num_kv_heads": 2, "head_dim": 8, "intermediate_size": 48,
                "xpress_rank": 6, "draft_vocab_size": 100},
     "dflash2": {"block_size": 4, "num_heads": 4, "num_kv_heads": 2, "head_dim": 8, "intermediate_size": 48,
-                "conv_kernel_size": 3, "conv_group_size": 8, "selector_rank": 6, "selector_top_k": 5},
+                "conv_kernel_size": 3, "conv_group_size": 8, "selector_rank": 6, "selector_top_k": 5,
+                "draft_vocab_size": 0},
 }
 
 
@@ -152,6 +153,13 @@ def test_eagle3_on_a_target_too_shallow_for_vllm_falls_back_with_the_reason(tmp_
     manifest = json.loads((out / "export.json").read_text())
     assert manifest["layout"] == "speclab" and reason in manifest["not_servable"][0]
     assert reason in (out / "README.md").read_text()
+
+
+def test_a_dflash2_over_a_reduced_vocabulary_is_written_in_speclabs_layout_with_the_reason(tmp_path, target):
+    speculator, out = exported(tmp_path, target, "dflash2", spec=dict(SPECS["dflash2"], draft_vocab_size=100))
+    manifest = json.loads((out / "export.json").read_text())
+    assert manifest["layout"] == "speclab" and "whole vocabulary" in manifest["not_servable"][0]
+    assert same_state(load_checkpoint(out, TargetInfo.of(target)), speculator)
 
 
 @pytest.mark.parametrize("num_layers, ids", [(6, [1, 3, 5]), (3, [0, 1, 2])])
