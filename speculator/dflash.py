@@ -311,7 +311,31 @@ class DFlashSpeculator(Speculator):
     @torch.no_grad()
     def extend(self, state: DFlashState, pending: torch.Tensor, paths: torch.Tensor) -> torch.Tensor:
         M, d = paths.shape
-        if d >= self.max_draft_len():
-            raise ValueError(f"{self.family} drafts {self.max_draft_len()} tokens a block; a tree of depth {d + 1} is deeper")
+        self._check_depth(d)
         # A slot's guess reads the pending token and the context only: the same for every path.
         return self._block_logits(state, pending)[d].expand(M, -1)
+
+    def _check_depth(self, d: int) -> None:
+        if d >= self.max_draft_len():
+            raise ValueError(f"{self.family} drafts {self.max_draft_len()} tokens a block; a tree of depth {d + 1} is deeper")
+
+    # --- families whose slot reads the token before its guess (dspark, dflash2) --------------
+
+    def chained_propose(self, pending: torch.Tensor, k: int, slot_logits):
+        """`propose` slot by slot: slot_logits(slot, previous [M] target ids) -> [M, N], each
+        slot after the previous slot's draft (the first after the pending token)."""
+        previous, tokens, logits = pending.reshape(1), [], []
+        for slot in range(max(0, min(k, self.max_draft_len()))):
+            row = slot_logits(slot, previous)  # [1, N]
+            previous = self.vocab.to_target(row.argmax(-1))
+            tokens.append(previous)
+            logits.append(row)
+        if not tokens:
+            return pending.new_zeros(1, 0), torch.zeros(1, 0, self.vocab.size, device=pending.device)
+        return torch.stack(tokens, 1), torch.stack(logits, 1)
+
+    def chained_extend(self, pending: torch.Tensor, paths: torch.Tensor, slot_logits) -> torch.Tensor:
+        """`extend` for such a family: slot d's logits after each path's last token."""
+        M, d = paths.shape
+        self._check_depth(d)
+        return slot_logits(d, paths[:, -1] if d else pending.reshape(1).expand(M))

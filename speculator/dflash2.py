@@ -29,9 +29,9 @@ Parameter names follow speculators' `DFlash2DraftModel` (`layers.i.attention_con
 whole vocabulary (draft_vocab_size 0 here); speclab's also takes a reduced one, like every
 family's default (the predecessor codebook still covers every target token, the successor
 codebook the draft's), because on a CPU a step's cost is mostly streaming the vocabulary head:
-SmolLM2's whole-vocabulary head (49,152 x 576, 57 MB in bf16) made a demo step draft in 5.2 ms
-against dflash's 2.4 ms at 8,192 tokens. Such a draft is exported in speclab's own layout,
-with that reason (engine_layouts.refusals).
+SmolLM2's whole-vocabulary head (49,152 x 576, 57 MB in bf16) made a demo step draft in
+about 5 ms, against 3 ms over 8,192 tokens, for the same acceptance (docs/results.md). Such a
+draft is exported in speclab's own layout, with that reason (engine_layouts.refusals).
 """
 
 from __future__ import annotations
@@ -217,21 +217,11 @@ class DFlash2Speculator(DFlashSpeculator):
     def propose(self, state: DFlashState, pending: torch.Tensor, k: int):
         hidden = self._block_logits(state, pending)[: max(0, min(k, self.max_draft_len()))]  # [k', d]
         unary = self.lm_head(hidden)  # [k', N]
-        previous, tokens, logits = pending.reshape(1), [], []
-        for slot in range(hidden.shape[0]):
-            row = self._slot_logits(hidden[slot], unary[slot], previous)  # [1, N]
-            previous = self.vocab.to_target(row.argmax(-1))
-            tokens.append(previous)
-            logits.append(row)
-        if not tokens:
-            return pending.new_zeros(1, 0), unary.new_zeros(1, 0, self.vocab.size)
-        return torch.stack(tokens, 1), torch.stack(logits, 1)
+        return self.chained_propose(pending, k, lambda slot, previous: self._slot_logits(hidden[slot], unary[slot],
+                                                                                         previous))
 
     @torch.no_grad()
     def extend(self, state: DFlashState, pending: torch.Tensor, paths: torch.Tensor) -> torch.Tensor:
-        M, d = paths.shape
-        if d >= self.max_draft_len():
-            raise ValueError(f"dflash2 drafts {self.max_draft_len()} tokens a block; a tree of depth {d + 1} is deeper")
-        h = self._block_logits(state, pending)[d]
-        previous = paths[:, -1] if d else pending.reshape(1).expand(M)
-        return self._slot_logits(h, self.lm_head(h), previous)
+        hidden = self._block_logits(state, pending)
+        return self.chained_extend(pending, paths, lambda slot, previous: self._slot_logits(
+            hidden[slot], self.lm_head(hidden[slot]), previous))

@@ -95,21 +95,9 @@ class DSparkSpeculator(DFlashSpeculator):
     @torch.no_grad()
     def propose(self, state: DFlashState, pending: torch.Tensor, k: int):
         hidden = self._block_logits(state, pending)  # [P, d]
-        previous, tokens, logits = pending.reshape(1), [], []
-        for slot in range(max(0, min(k, self.max_draft_len()))):
-            row = self._slot_logits(hidden[slot], previous)  # [1, N]
-            previous = self.vocab.to_target(row.argmax(-1))
-            tokens.append(previous)
-            logits.append(row)
-        if not tokens:
-            return pending.new_zeros(1, 0), hidden.new_zeros(1, 0, self.vocab.size)
-        return torch.stack(tokens, 1), torch.stack(logits, 1)
+        return self.chained_propose(pending, k, lambda slot, previous: self._slot_logits(hidden[slot], previous))
 
     @torch.no_grad()
     def extend(self, state: DFlashState, pending: torch.Tensor, paths: torch.Tensor) -> torch.Tensor:
-        M, d = paths.shape
-        if d >= self.max_draft_len():
-            raise ValueError(f"dspark drafts {self.max_draft_len()} tokens a block; a tree of depth {d + 1} is deeper")
         hidden = self._block_logits(state, pending)
-        previous = paths[:, -1] if d else pending.reshape(1).expand(M)
-        return self._slot_logits(hidden[d], previous)
+        return self.chained_extend(pending, paths, lambda slot, previous: self._slot_logits(hidden[slot], previous))

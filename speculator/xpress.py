@@ -130,8 +130,7 @@ class XPressSpeculator(DFlashSpeculator):
 
     @torch.no_grad()
     def extend(self, state: DFlashState, pending: torch.Tensor, paths: torch.Tensor) -> torch.Tensor:
-        M, d = paths.shape
-        if d >= self.max_draft_len():
-            raise ValueError(f"xpress drafts {self.max_draft_len()} tokens a block; a tree of depth {d + 1} is deeper")
+        d = paths.shape[1]
+        self._check_depth(d)
         hidden = self._block_logits(state, pending)
         return self._refined(hidden, self._previous(state, pending, paths))[:, d]

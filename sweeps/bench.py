@@ -289,9 +289,10 @@ def _label(checkpoint: Path, family: str) -> str:
 
 
 def _unique(name: str, taken: dict) -> str:
+    """name, or name_2, name_3, ... (a family's name may end in a digit: dflash2_2 is dflash2's second run)."""
     candidate, i = name, 2
     while candidate in taken:
-        candidate, i = f"{name}{i}", i + 1
+        candidate, i = f"{name}_{i}", i + 1
     return candidate
 
 

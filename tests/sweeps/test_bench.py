@@ -97,3 +97,12 @@ def test_bench_marks_the_leader_and_repeats_its_scoring(checkpoints, tmp_path, c
     assert all(len(r["values"]) == 2 for r in report["repeats"].values())
     printed = capsys.readouterr().out
     assert "vs leader" in printed and "overall speedup over 2 scorings in this process" in printed
+
+
+def test_a_second_run_of_a_family_is_named_apart_from_a_family_ending_in_a_digit():
+    from speclab.sweeps.bench import _unique
+
+    taken = {"dflash2": None, "dflash": None}
+    assert _unique("dflash2", taken) == "dflash2_2" and _unique("dflash", taken) == "dflash_2"
+    assert _unique("eagle3", taken) == "eagle3"
+    assert _unique("dflash2", {**taken, "dflash2_2": None}) == "dflash2_3"
