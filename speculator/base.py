@@ -147,7 +147,7 @@ class Speculator(nn.Module):
         rows [B, T] bool: only these draft positions t are trained (a block drafter trains a
         sample of anchors); weights [P]: step p's rows weigh weights[p] in the mean. A dict
         given as target_args receives step p's target argmax per trained row, in the order of
-        `step_rows(p)`, for a family whose extra term needs the target's choice."""
+        `step_rows(p, ...)`, for a family whose extra term needs the target's choice."""
         T = states.shape[2]
         trainable = self._trainable(feats)  # [B, T]
         columns = None if self.vocab.full else self.vocab.ids
@@ -161,7 +161,7 @@ class Speculator(nn.Module):
             span = T - lo
             if span <= 0:
                 break
-            mask = self.step_rows(p, feats, rows)  # [B, span]
+            mask = self.step_rows(p, trainable, rows)  # [B, span]
             if not mask.any():
                 continue
             w = 1.0 if weights is None else weights[p]
@@ -197,11 +197,10 @@ class Speculator(nn.Module):
         next_ids[:, :-1] = feats.input_ids[:, 1:]
         return feats.loss_mask & self.vocab.contains(next_ids)
 
-    def step_rows(self, p: int, feats: Features, rows: torch.Tensor | None = None) -> torch.Tensor:
+    def step_rows(self, p: int, trainable: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
         """[B, T - shift - p] bool: the draft positions t whose step p `token_loss` trains (draft
-        (p, t) guesses the target at position t + shift + p)."""
-        lo = self.shift + p
-        mask = self._trainable(feats)[:, lo:]
+        (p, t) guesses the target at position t + shift + p), from `_trainable(feats)` [B, T]."""
+        mask = trainable[:, self.shift + p:]
         return mask if rows is None else mask & rows[:, : mask.shape[1]]
 
     @property

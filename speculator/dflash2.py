@@ -172,9 +172,9 @@ class DFlash2Speculator(DFlashSpeculator):
         weights, target_args = self.step_weights(), {}
         unary, metrics = self.token_loss(states, feats, objective, target_head, rows=trained, weights=weights,
                                          target_args=target_args)
-        total, count, found = states.new_zeros((), dtype=torch.float32), 0.0, []
+        total, count, found, trainable = states.new_zeros((), dtype=torch.float32), 0.0, [], self._trainable(feats)
         for p, target in target_args.items():
-            mask = self.step_rows(p, feats, trained)
+            mask = self.step_rows(p, trainable, trained)
             h = states[:, p, : mask.shape[1]][mask]  # [N, d], the rows token_loss trained at step p
             previous = feats.input_ids[:, self.shift + p:][mask]  # the token before each guess, teacher-forced
             # target: the target's argmax among the draft vocabulary's columns (token_loss)
