@@ -14,18 +14,19 @@ the longer accepted path. The two parts guess right on different tokens (copying
 predicting), so the union accepts more than either, for the few extra verified tokens.
 
 Training trains the learned part alone (its loss, its shift, its layers); the suffix part
-has no parameters. Drafts are over the whole target vocabulary: a learned part with a
+has no parameters. So a hybrid is also two runs put together (`compose`, `speclab hybrid`):
+a learned speculator trained alone and a suffix drafter with its corpus, no training. Drafts are over the whole target vocabulary: a learned part with a
 reduced draft vocabulary has its logits spread onto it, FLOOR off its vocabulary.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
-from .base import Features, Speculator, TargetInfo
+from .base import Features, Speculator, TargetInfo, target_device
 from .drafters import DRAFTERS, config_of
 from .lookup import FLOOR, TrainingFree
 from .suffix import SuffixSpeculator
@@ -181,3 +182,29 @@ class HybridSpeculator(Speculator):
         out = logits.new_full((*logits.shape[:-1], vocab.target_vocab), FLOOR)
         out[..., vocab.ids] = logits
         return out
+
+
+def compose(learned: Speculator, suffix: Speculator, min_match: int = HybridConfig.min_match,
+            learned_k: int = HybridConfig.learned_k) -> HybridSpeculator:
+    """The hybrid of a learned speculator and a suffix drafter trained apart, as they are.
+
+    A hybrid's training trains its learned part alone, on that part's own loss, and builds
+    the suffix part's corpus from the same answers: a learned run and a suffix_corpus run on
+    the same data are the two halves of the hybrid that data would have trained. Composing
+    them costs no training, so a learned part that took an hour is tried beside the corpus
+    without an hour more."""
+    if not isinstance(suffix, SuffixSpeculator):
+        raise ValueError(f"a hybrid's suffix part must be a suffix drafter (suffix_corpus: with its corpus of "
+                         f"training answers), got a {suffix.family!r} speculator")
+    if min_match < 1 or learned_k < 1:
+        raise ValueError(f"a hybrid needs min_match >= 1 and learned_k >= 1, got {min_match} and {learned_k}")
+    ours, theirs = learned.target_info, suffix.target_info
+    if (ours.vocab_size, ours.hidden_size) != (theirs.vocab_size, theirs.hidden_size):
+        raise ValueError(f"the learned part was trained for target {ours.name!r} (vocab {ours.vocab_size}) and "
+                         f"the suffix part for {theirs.name!r} (vocab {theirs.vocab_size}): not one target")
+    config = HybridConfig(learned={"family": learned.family, **asdict(learned.config)},
+                          suffix=asdict(suffix.config), min_match=min_match, learned_k=learned_k)
+    hybrid = HybridSpeculator(config, ours)  # refuses a learned part that is not a learned family
+    hybrid.learned.load_state_dict(learned.state_dict())
+    hybrid.suffix.load_state_dict(suffix.state_dict())
+    return hybrid.to(target_device(ours)).eval()

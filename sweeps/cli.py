@@ -5,6 +5,7 @@
     speclab eval CKPT [--prompts FILE] [--json OUT] [target.KEY=VALUE ...]
     speclab export --best --metric speedup --out DIR [--runs DIR] [--engine vllm|sglang|trtllm|llama.cpp]
     speclab bench --speculator DIR [--assistant DIR] [--prompts FILE] [...]   peers side by side (bench.py)
+    speclab hybrid --learned DIR --suffix DIR --out DIR   a hybrid of two runs, no training (compose.py)
     speclab engine build|status llama.cpp [--sdist FILE] [--jobs N]   the engine build (sweeps/engines/)
     speclab serve EXPORT [--port P] [--dry-run]   serve an export with llama.cpp (sweeps/engines/serve.py)
     speclab sweep NAME [HYDRA OVERRIDES]  the predefined sweep configs/sweep/NAME.yaml
@@ -26,7 +27,7 @@ from typing import Sequence
 
 from speclab.speculator.target.cpu_gemm import prefer_fast_small_gemm
 
-from . import bench, doctor
+from . import bench, compose, doctor
 from .engines import serve
 from .errors import USAGE_ERROR, CliError, user_errors
 from .run_rows import METRICS, load_rows
@@ -50,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("train", help="one experiment: Hydra overrides, -m for a multirun", add_help=False)
     commands.add_parser("sweep", help="the predefined sweep configs/sweep/NAME.yaml: NAME [HYDRA OVERRIDES]", add_help=False)
     bench.add_parser(commands)
+    compose.add_parser(commands)
     doctor.add_parser(commands)
     serve.add_parser(commands)
     from .dashboard.cli import add_dashboard_parser  # the logic lives in sweeps/dashboard/
@@ -318,4 +320,5 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"runs": cmd_runs, "export": cmd_export, "engine": cmd_engine, "eval": cmd_eval, "dashboard": cmd_dashboard,
-            "bench": bench.cmd_bench, "doctor": doctor.cmd_doctor, "serve": serve.cmd_serve}
+            "bench": bench.cmd_bench, "doctor": doctor.cmd_doctor, "serve": serve.cmd_serve,
+            "hybrid": compose.cmd_hybrid}
