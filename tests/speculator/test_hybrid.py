@@ -24,7 +24,7 @@ def parts(target=None):
     target = target or info()
     torch.manual_seed(1)
     learned = build_speculator("mlp", {"n_predict": 3, "inner_dim": 16, "draft_vocab_size": 6},
-                               target.with_counts(torch.arange(V, 0, -1))).eval()
+                               target.with_counts(torch.arange(target.vocab_size, 0, -1))).eval()
     suffix = build_speculator("suffix", {"corpus_tokens": 50, "global_outputs": False}, target)
     suffix.use_training_data([[2, 3, 9, 9, 7], [8, 1, 2]])
     return learned, suffix
