@@ -15,8 +15,9 @@ predicting), so the union accepts more than either, for the few extra verified t
 
 Training trains the learned part alone (its loss, its shift, its layers); the suffix part
 has no parameters. So a hybrid is also two runs put together (`compose`, `speclab hybrid`):
-a learned speculator trained alone and a suffix drafter with its corpus, no training. Drafts are over the whole target vocabulary: a learned part with a
-reduced draft vocabulary has its logits spread onto it, FLOOR off its vocabulary.
+a learned speculator trained alone and a suffix drafter with its corpus, no training.
+Drafts are over the whole target vocabulary: a learned part with a reduced draft
+vocabulary has its logits spread onto it, FLOOR off its vocabulary.
 """
 
 from __future__ import annotations
@@ -191,8 +192,8 @@ def compose(learned: Speculator, suffix: Speculator, min_match: int = HybridConf
     A hybrid's training trains its learned part alone, on that part's own loss, and builds
     the suffix part's corpus from the same answers: a learned run and a suffix_corpus run on
     the same data are the two halves of the hybrid that data would have trained. Composing
-    them costs no training, so a learned part that took an hour is tried beside the corpus
-    without an hour more."""
+    them costs no training, so a learned part that took half an hour is tried beside the
+    corpus without another half hour."""
     if not isinstance(suffix, SuffixSpeculator):
         raise ValueError(f"a hybrid's suffix part must be a suffix drafter (suffix_corpus: with its corpus of "
                          f"training answers), got a {suffix.family!r} speculator")

@@ -2,8 +2,8 @@
 
     speclab hybrid --learned RUN_OR_CKPT --suffix RUN_OR_CKPT --out DIR [--min-match N] [--learned-k K]
 
-The learned part is a run of any learned family (dflash2 on a million tokens takes an hour to
-train here); the suffix part is a `suffix_corpus` run, whose corpus is its training answers.
+The learned part is a run of any learned family (dflash2 took half an hour an epoch on a million
+tokens here); the suffix part is a `suffix_corpus` run, whose corpus is its training answers.
 The result is a speculator checkpoint like a run's (`config.json` + `model.safetensors`),
 which `speclab eval`, `speclab bench` and the export layouts read as they read a hybrid that
 trained (speculator/hybrid.py, `compose`, says why the two are the same thing).
