@@ -9,6 +9,9 @@ On the embedded SmolLM2 target, in one process (so machine noise hits every meth
 - ms per pass of 1 token (decode) and of 2..64 tokens (verification) at a 256-token
   context: the lean runtime, the transformers path behind FrozenTarget, and transformers'
   own `generate` (ms per generated token, 1-token steps only);
+- what the feature families add to a verification pass: the lean pass that also hands back
+  the three layers eagle3 and the block drafters read (their default low/mid/high ids),
+  interleaved with the plain lean pass;
 - batched generation (self-distillation) tok/s at several batch sizes: the lean runtime's
   batched generation against transformers' `generate` with left padding, on chat prompts.
 Each timing is the median of several repetitions, methods interleaved.
@@ -60,6 +63,27 @@ def weight_bytes(target) -> int:
 
 def _ids(n: int, vocab: int, seed: int) -> torch.Tensor:
     return torch.randint(0, vocab, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+def capture_ms(target, widths: list[int]) -> dict[int, dict[str, float]]:
+    """Median ms of a lean pass of T new tokens without and with the feature layers captured,
+    per T, the two alternating so that machine noise hits both alike."""
+    from speclab.speculator.eagle3 import default_layer_ids
+
+    layer_ids = default_layer_ids(target.lean.config.num_layers)
+    cache = target.lean.new_cache(max_len=CONTEXT + max(widths))
+    target.lean.forward(_ids(CONTEXT, target.vocab_size, 0), cache, logits_for="none")
+    out = {}
+    for T in widths:
+        x = _ids(T, target.vocab_size, T)
+        times: dict[tuple[int, ...], list[float]] = {(): [], layer_ids: []}
+        for _ in range(3 * REPEATS):
+            for ids in times:
+                times[ids].append(_timed(lambda: target.lean.forward(x, cache, layer_ids=ids, logits_for="all")))
+                cache.rollback(T)
+        out[T] = {"plain_ms": statistics.median(times[()]) * 1e3,
+                  "layers_ms": statistics.median(times[layer_ids]) * 1e3, "layer_ids": list(layer_ids)}
+    return out
 
 
 def pass_ms(target, widths: list[int], runtime: str) -> dict[int, float]:
@@ -140,6 +164,7 @@ def run(dtypes: list[str], widths: list[int], batches: list[int]) -> dict:
             "weight_mb": nbytes / 1e6,
             "bound_ms": nbytes / (report["read_bandwidth_gb_s"] * 1e9) * 1e3,
             "lean_ms": lean, "hf_path_ms": hf, "hf_generate_ms_per_token": generate_ms_per_token(target),
+            "layer_capture": capture_ms(target, widths),
             "runtime": target.runtime,
             "batched": {b: batched_tok_s(target, b) for b in batches},
         }
@@ -163,6 +188,11 @@ def print_report(report: dict) -> None:
         print(f"{'tokens per pass':>16} " + " ".join(f"{T:>7}" for T in e["lean_ms"]))
         print(f"{'lean ms':>16} " + " ".join(f"{v:7.2f}" for v in e["lean_ms"].values()))
         print(f"{'transformers ms':>16} " + " ".join(f"{v:7.2f}" for v in e["hf_path_ms"].values()))
+        capture = e["layer_capture"]
+        ids = next(iter(capture.values()))["layer_ids"]
+        print(f"{'lean, again ms':>16} " + " ".join(f"{c['plain_ms']:7.2f}" for c in capture.values()))
+        print(f"{f'+ layers {ids} ms':>16} " + " ".join(f"{c['layers_ms']:7.2f}" for c in capture.values())
+              + "  (the two interleaved: the cost of handing a feature family its layers)")
         for b, r in e["batched"].items():
             print(f"batched generation, batch {b}: lean {r['lean_tok_s']:.0f} tok/s, transformers generate "
                   f"{r['hf_generate_tok_s']:.0f} tok/s ({r['ratio']:.1f}x)")
@@ -172,7 +202,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     parser.add_argument("--widths", nargs="+", type=int, default=[1, 2, 3, 5, 8, 16, 32, 64])
-    parser.add_argument("--batches", nargs="+", type=int, default=[8, 16, 32])
+    parser.add_argument("--batches", nargs="*", type=int, default=[8, 16, 32], help="none: skip batched generation")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--json", type=Path, default=None, help="also write the report here")
     args = parser.parse_args(argv)

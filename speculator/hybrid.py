@@ -13,6 +13,15 @@ is long (the same rule: then suffix alone); the target verifies both in one pass
 the longer accepted path. The two parts guess right on different tokens (copying against
 predicting), so the union accepts more than either, for the few extra verified tokens.
 
+The learned part takes in the target's features only when it drafts: a step the suffix
+part drafts alone is queued (`HybridState.unread`), and the queue goes to the learned part
+in one `accept` when it drafts next. Taking steps in one by one cost a block drafter its
+context pass on every step (projection and keys/values of the new positions), which cost
+the dflash2 hybrid at min_match 1 about 5% of its speed (it drafts almost nowhere); one call
+over the queued positions computes the same state as the calls one at a time: every
+learned family takes a step of any length (`accept` after `start`, and tree steps, commit
+several tokens at once).
+
 Training trains the learned part alone (its loss, its shift, its layers); the suffix part
 has no parameters. So a hybrid is also two runs put together (`compose`, `speclab hybrid`):
 a learned speculator trained alone and a suffix drafter with its corpus, no training.
@@ -55,6 +64,11 @@ class HybridConfig:
 class HybridState:
     learned: Any
     suffix: Any
+    unread: list[tuple] = field(default_factory=list)
+    """(committed, hidden, layers) of the steps since the learned part last drafted, which it
+    has not taken in yet (`HybridSpeculator.caught_up`)."""
+    drafting: bool = False
+    """Whether the learned part drafted in this step: it then takes the step in at `accept`."""
 
 
 def learned_part(config: HybridConfig) -> tuple[type[Speculator], Any]:
@@ -145,14 +159,14 @@ class HybridSpeculator(Speculator):
     def propose_tokens(self, state: HybridState, pending: torch.Tensor, k: int) -> torch.Tensor:
         if self.uses_suffix(state, pending):
             return self.suffix.propose_tokens(state.suffix, pending, k)
-        return self.learned.propose_tokens(state.learned, pending, self.learned_len(k))
+        return self.learned.propose_tokens(self.caught_up(state), pending, self.learned_len(k))
 
     def propose_chains(self, state: HybridState, pending: torch.Tensor, k: int) -> list[torch.Tensor]:
         # The suffix part's chain first, then the learned chain where the match is short, then
         # suffix's runner-up chains (its `branches`), which the budget cuts first.
         first, *runners_up = self.suffix.propose_chains(state.suffix, pending, k)
         learned = [] if self.uses_suffix(state, pending) else [
-            self.learned.propose_tokens(state.learned, pending, self.learned_len(min(k, self.config.learned_k)))]
+            self.learned.propose_tokens(self.caught_up(state), pending, self.learned_len(min(k, self.config.learned_k)))]
         return [first, *learned, *runners_up]
 
     def learned_len(self, k: int) -> int:
@@ -161,7 +175,7 @@ class HybridSpeculator(Speculator):
 
     def propose_learned(self, state: HybridState, pending: torch.Tensor, k: int):
         """The learned part's chain, at most its heads long, over the whole vocabulary."""
-        drafts, logits = self.learned.propose(state.learned, pending, self.learned_len(k))
+        drafts, logits = self.learned.propose(self.caught_up(state), pending, self.learned_len(k))
         return drafts, self.widen(logits)
 
     def extend(self, state: HybridState, pending: torch.Tensor, paths: torch.Tensor) -> torch.Tensor:
@@ -169,11 +183,26 @@ class HybridSpeculator(Speculator):
             return self.suffix.extend(state.suffix, pending, paths)
         if paths.shape[1] >= self.learned_limit():  # past the learned part's last head: no guess
             return torch.full((paths.shape[0], self.learned.vocab.target_vocab), FLOOR)
-        return self.widen(self.learned.extend(state.learned, pending, paths))
+        return self.widen(self.learned.extend(self.caught_up(state), pending, paths))
 
     def accept(self, state: HybridState, committed, hidden, layers=None) -> None:
-        self.learned.accept(state.learned, committed, hidden, layers)
         self.suffix.accept(state.suffix, committed, hidden)
+        if state.drafting:  # its drafts are in this step: it reads the step as it reads its own
+            self.learned.accept(state.learned, committed, hidden, layers)
+            state.drafting = False
+        else:  # copies: the engine may reuse the buffers these views are of
+            state.unread.append((committed.clone(), hidden.clone(), None if layers is None else layers.clone()))
+
+    def caught_up(self, state: HybridState):
+        """The learned part's state, once it has taken in the queued steps (one `accept` over
+        their positions), marked as drafting in this step."""
+        if state.unread:
+            committed, hidden, layers = zip(*state.unread)
+            state.unread.clear()
+            self.learned.accept(state.learned, torch.cat(committed, 1), torch.cat(hidden, 1),
+                                None if layers[0] is None else torch.cat(layers, 1))
+        state.drafting = True
+        return state.learned
 
     def widen(self, logits: torch.Tensor) -> torch.Tensor:  # [..., N] -> [..., V]
         """The learned part's logits over its draft vocabulary, placed on the whole vocabulary."""

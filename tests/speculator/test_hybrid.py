@@ -10,6 +10,8 @@ from speclab.speculator.base import TargetInfo
 from speclab.speculator.families import build_speculator, load_speculator
 from speclab.speculator.hybrid import compose
 
+from test_families import SMALL, TOL, TRAINING_FREE, random_layers, target_info
+
 V, H = 11, 8
 PROMPT = [4, 5, 6, 7, 8, 9, 10, 1, 4, 5]
 
@@ -66,3 +68,50 @@ def test_composing_refuses_parts_that_do_not_make_a_hybrid():
     _, other_target = parts(info(vocab=V + 2))
     with pytest.raises(ValueError, match="not one target"):
         compose(learned, other_target)
+
+
+LEARNED = sorted(set(SMALL) - TRAINING_FREE - {"hybrid"})
+
+
+@pytest.mark.parametrize("family", LEARNED)
+def test_the_learned_part_takes_in_skipped_steps_at_once_and_drafts_as_if_fed_every_step(family):
+    """Steps the suffix part drafts are queued for the learned part, which takes them in with
+    one `accept` when it drafts next. Its drafts then equal those of the same learned part
+    fed every step (a reference run beside it), and it was called fewer times."""
+    target = target_info()
+    torch.manual_seed(2)
+    learned = build_speculator(family, SMALL[family][0], target).eval()
+    suffix = build_speculator("suffix", {"global_outputs": False}, target)
+    hybrid = compose(learned, suffix, min_match=2)
+    calls = []
+    hybrid.learned.accept = lambda *a, _accept=hybrid.learned.accept: calls.append(1) or _accept(*a)
+
+    prompt = torch.tensor([[3, 4, 5, 6] * 4])
+    hidden, layers = torch.randn(1, 16, target.hidden_size), random_layers(learned, 16, target.hidden_size)
+    mine, ref = hybrid.start(prompt, hidden, layers), learned.start(prompt, hidden, layers)
+    kinds, k, last = [], 3, 6
+    for step in range(15):
+        # An unseen token every fifth step (no match: the learned part drafts, also at the
+        # step after it), else the pattern's next token (a long match: the suffix part drafts).
+        unseen = step % 5 == 0
+        pending = torch.tensor([[int(torch.randint(20, 50, ())) if unseen else 3 + (last - 2) % 4 if 3 <= last <= 6 else 3]])
+        suffix_step = hybrid.uses_suffix(mine, pending)
+        kinds.append(suffix_step)
+        if not suffix_step:
+            paths = torch.randint(0, target.vocab_size, (2, 1))
+            torch.testing.assert_close(hybrid.extend(mine, pending, paths),
+                                       hybrid.widen(learned.extend(ref, pending, paths)), **TOL)
+        drafts, logits = hybrid.propose(mine, pending, k)
+        if not suffix_step:
+            expected, expected_logits = learned.propose(ref, pending, k)
+            assert torch.equal(drafts, expected)
+            torch.testing.assert_close(logits, hybrid.widen(expected_logits), **TOL)
+        n = int(torch.randint(0, drafts.shape[1] + 1, ()))
+        committed = torch.cat([pending, drafts[:, :n]], 1)
+        hidden = torch.randn(1, n + 1, target.hidden_size)
+        layers = random_layers(learned, n + 1, target.hidden_size)
+        hybrid.accept(mine, committed, hidden, layers)
+        learned.accept(ref, committed, hidden, layers)
+        last = int(committed[0, -1])
+    assert any(kinds) and not all(kinds), kinds
+    assert len(calls) < len(kinds), kinds  # one call for each run of suffix steps, not one a step
