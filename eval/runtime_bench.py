@@ -9,6 +9,8 @@ On the embedded SmolLM2 target, in one process (so machine noise hits every meth
 - ms per pass of 1 token (decode) and of 2..64 tokens (verification) at a 256-token
   context: the lean runtime, the transformers path behind FrozenTarget, and transformers'
   own `generate` (ms per generated token, 1-token steps only);
+- a prompt's prefill at several lengths (the wide pass every request starts with; its
+  attention grows with the square of the length);
 - what the feature families add to a verification pass: the lean pass that also hands back
   the three layers eagle3 and the block drafters read (their default low/mid/high ids),
   interleaved with the plain lean pass;
@@ -63,6 +65,21 @@ def weight_bytes(target) -> int:
 
 def _ids(n: int, vocab: int, seed: int) -> torch.Tensor:
     return torch.randint(0, vocab, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+def prefill_ms(target, lengths: list[int]) -> dict[int, float]:
+    """Median ms of a prompt's prefill (the wide pass a request starts with: `invariant=False`,
+    logits of its last token only) per prompt length, into a fresh cache."""
+    out = {}
+    for T in lengths:
+        x = _ids(T, target.vocab_size, T)
+        cache = target.lean.new_cache(max_len=T)
+        times = []
+        for _ in range(REPEATS):
+            times.append(_timed(lambda: target.lean.forward(x, cache, logits_for="last", invariant=False)))
+            cache.rollback(T)
+        out[T] = statistics.median(times) * 1e3
+    return out
 
 
 def capture_ms(target, widths: list[int]) -> dict[int, dict[str, float]]:
@@ -150,7 +167,7 @@ def batched_tok_s(target, batch: int, new_tokens: int = 64) -> dict[str, float]:
     return {"lean_tok_s": lean, "hf_generate_tok_s": hf, "ratio": lean / hf}
 
 
-def run(dtypes: list[str], widths: list[int], batches: list[int]) -> dict:
+def run(dtypes: list[str], widths: list[int], batches: list[int], prefills: list[int]) -> dict:
     from speclab.speculator.target.builders import smollm2_from_gguf
     from speclab.speculator.target.measure import prepare_for
 
@@ -165,6 +182,7 @@ def run(dtypes: list[str], widths: list[int], batches: list[int]) -> dict:
             "bound_ms": nbytes / (report["read_bandwidth_gb_s"] * 1e9) * 1e3,
             "lean_ms": lean, "hf_path_ms": hf, "hf_generate_ms_per_token": generate_ms_per_token(target),
             "layer_capture": capture_ms(target, widths),
+            "prefill_ms": prefill_ms(target, prefills),
             "runtime": target.runtime,
             "batched": {b: batched_tok_s(target, b) for b in batches},
         }
@@ -193,6 +211,8 @@ def print_report(report: dict) -> None:
         print(f"{'lean, again ms':>16} " + " ".join(f"{c['plain_ms']:7.2f}" for c in capture.values()))
         print(f"{f'+ layers {ids} ms':>16} " + " ".join(f"{c['layers_ms']:7.2f}" for c in capture.values())
               + "  (the two interleaved: the cost of handing a feature family its layers)")
+        print(f"{'prompt tokens':>16} " + " ".join(f"{T:>7}" for T in e["prefill_ms"]))
+        print(f"{'prefill ms':>16} " + " ".join(f"{v:7.1f}" for v in e["prefill_ms"].values()))
         for b, r in e["batched"].items():
             print(f"batched generation, batch {b}: lean {r['lean_tok_s']:.0f} tok/s, transformers generate "
                   f"{r['hf_generate_tok_s']:.0f} tok/s ({r['ratio']:.1f}x)")
@@ -203,12 +223,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     parser.add_argument("--widths", nargs="+", type=int, default=[1, 2, 3, 5, 8, 16, 32, 64])
     parser.add_argument("--batches", nargs="*", type=int, default=[8, 16, 32], help="none: skip batched generation")
+    parser.add_argument("--prefills", nargs="*", type=int, default=[128, 256, 512, 768],
+                        help="prompt lengths whose prefill is timed")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--json", type=Path, default=None, help="also write the report here")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    report = run(args.dtypes, sorted(set(args.widths) | {1}), args.batches)
+    report = run(args.dtypes, sorted(set(args.widths) | {1}), args.batches, args.prefills)
     print_report(report)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))

@@ -244,6 +244,21 @@ def test_native_decoding_is_batch_invariant(dtype, isa):
     assert torch.equal(per_call.forward(seq[:, : P + 6]).logits, lean.forward(seq[:, : P + 6]).logits)
 
 
+@pytest.mark.skipif(not NATIVE, reason="no C compiler")
+@pytest.mark.parametrize("isa", ISAS)
+def test_a_long_prompt_prefilled_at_once_gets_the_bits_of_decoding_it_token_by_token(isa):
+    """Past decoder.c's LONG_RUN (32) new tokens a query sums their values in one call: its rows
+    must still be the bits each token gets decoded alone."""
+    lean = LeanDecoder(tiny_llama(runtime="hf").model, ops=native_ops(isa))
+    seq, P = ids(55, 8), 10  # a cached context first: the long run adds to what its keys gave
+    chunk = lean.new_cache(max_len=64)
+    lean.forward(seq[:, :P], chunk)
+    at_once = lean.forward(seq[:, P:], chunk).logits[0]
+    cache = lean.new_cache(max_len=64)
+    alone = torch.stack([lean.forward(seq[:, i : i + 1], cache).logits[0, 0] for i in range(seq.shape[1])])
+    assert torch.equal(at_once, alone[P:])
+
+
 @pytest.mark.parametrize("choice", BACKENDS)
 def test_batched_greedy_generation_equals_one_prompt_at_a_time(hf_model, choice):
     lean = LeanDecoder(hf_model, choice)
