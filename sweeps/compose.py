@@ -4,6 +4,8 @@
 
 The learned part is a run of any learned family (dflash2 took half an hour an epoch on a million
 tokens here); the suffix part is a `suffix_corpus` run, whose corpus is its training answers.
+Either may be a hybrid run instead, which gives its part of that name: `--learned H --suffix H`
+is hybrid H with another rule (`--min-match`, `--learned-k`), tried without training it again.
 The result is a speculator checkpoint like a run's (`config.json` + `model.safetensors`),
 which `speclab eval`, `speclab bench` and the export layouts read as they read a hybrid that
 trained (speculator/hybrid.py, `compose`, says why the two are the same thing).
@@ -23,9 +25,10 @@ from .target_spec import recorded_target
 def add_parser(commands) -> argparse.ArgumentParser:
     hybrid = commands.add_parser("hybrid", help="a hybrid of a learned run and a suffix_corpus run, no training")
     hybrid.add_argument("--learned", required=True, type=Path, metavar="DIR",
-                        help="run or checkpoint of a learned family (the hybrid's learned part)")
+                        help="run or checkpoint of a learned family, or of a hybrid (its learned part)")
     hybrid.add_argument("--suffix", required=True, type=Path, metavar="DIR",
-                        help="run or checkpoint of a suffix drafter, e.g. suffix_corpus with its corpus")
+                        help="run or checkpoint of a suffix drafter (suffix_corpus: with its corpus), or of a "
+                             "hybrid (its suffix part)")
     hybrid.add_argument("--out", required=True, type=Path, help="the new checkpoint's directory (must not exist)")
     # Their defaults are HybridConfig's, read when the command runs (the parser imports no torch).
     hybrid.add_argument("--min-match", type=int, default=None,
@@ -54,8 +57,8 @@ def cmd_hybrid(args: argparse.Namespace) -> int:
             raise ValueError(f"{learned_dir} and {suffix_dir} record different targets: a hybrid drafts for one")
         prepare_machine(spec.as_config())
         target = TargetInfo.of(spec.build())  # families that draft through its embedding or head read it
-        hybrid = compose(load_checkpoint(learned_dir, target), load_checkpoint(suffix_dir, target),
-                         min_match, learned_k)
+        hybrid = compose(part(load_checkpoint(learned_dir, target), "learned"),
+                         part(load_checkpoint(suffix_dir, target), "suffix"), min_match, learned_k)
         partial = args.out.with_name(args.out.name + ".partial")  # a failed write leaves no checkpoint
         shutil.rmtree(partial, ignore_errors=True)
         hybrid.save(partial, extra={"target_config": checkpoint_meta(learned_dir)["target_config"],
@@ -67,3 +70,8 @@ def cmd_hybrid(args: argparse.Namespace) -> int:
           f"{min_match}, learned_k {learned_k}: {args.out}")
     print(f"score it: speclab eval {args.out}  |  speclab bench --speculator {args.out} --tree union")
     return 0
+
+
+def part(speculator, name: str):
+    """A hybrid's part called `name` (learned or suffix); any other speculator as it is."""
+    return getattr(speculator, name) if speculator.family == "hybrid" else speculator

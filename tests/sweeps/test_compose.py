@@ -54,6 +54,19 @@ def test_hybrid_composes_two_runs_into_a_checkpoint_eval_scores_losslessly(tmp_p
     assert json.loads(report.read_text())["lossless"]["mismatches"] == 0
 
 
+def test_a_hybrid_run_gives_its_parts_so_its_rule_changes_without_training(tmp_path, runs, tiny_target):
+    root, learned, suffix = runs
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert main(["hybrid", "--learned", str(root / "mlp"), "--suffix", str(root / "corpus"), "--out", str(first)]) == 0
+    assert main(["hybrid", "--learned", str(first), "--suffix", str(first), "--out", str(second),
+                 "--min-match", "2", "--learned-k", "3"]) == 0
+    again = load_checkpoint(second, TargetInfo.of(tiny_target))
+    assert (again.config.min_match, again.config.learned_k) == (2, 3)
+    assert again.learned.family == "mlp"
+    assert all(torch.equal(a, b) for a, b in zip(again.learned.state_dict().values(), learned.state_dict().values()))
+    assert torch.equal(again.suffix.corpus_ids, suffix.corpus_ids)
+
+
 @pytest.mark.parametrize("case, message", [
     ("suffix_is_learned", "must be a suffix drafter"),
     ("learned_is_suffix", "learned family"),
