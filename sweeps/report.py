@@ -280,6 +280,7 @@ TABLES: dict[str, tuple[str, Callable[[list[dict]], str]]] = {
     "full-recipe-repeat": ("docs/records/full_recipe_repeat.csv", repeated),
     "full-recipe-categories": ("docs/records/full_recipe_categories.csv", categories),
     "off-domain-rules": ("docs/records/off_domain_rules.csv", repeated),
+    "off-domain-data": ("docs/records/off_domain_data.csv", repeated),
     "llama-cpp-build": ("docs/records/llama_cpp_build.csv", engine_builds),
     "llama-cpp-eagle3": ("docs/records/llama_cpp_eagle3.csv", engines),
     "llama-cpp-block-drafters": ("docs/records/llama_cpp_block_drafters.csv", engines),
