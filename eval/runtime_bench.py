@@ -32,6 +32,7 @@ import torch
 from transformers import DynamicCache, GenerationConfig
 
 from speclab.kernels import native
+from speclab.kernels.util.timing import alternated_ms
 
 CONTEXT, REPEATS = 256, 7
 
@@ -67,19 +68,20 @@ def _ids(n: int, vocab: int, seed: int) -> torch.Tensor:
     return torch.randint(0, vocab, (1, n), generator=torch.Generator().manual_seed(seed))
 
 
+def _pass(target, x: torch.Tensor, cache, **kwargs):
+    """One lean pass of x into the cache, rolled back after: a timing that leaves no trace."""
+    def run():
+        target.lean.forward(x, cache, **kwargs)
+        cache.rollback(x.shape[1])
+    return run
+
+
 def prefill_ms(target, lengths: list[int]) -> dict[int, float]:
     """Median ms of a prompt's prefill (the wide pass a request starts with: `invariant=False`,
     logits of its last token only) per prompt length, into a fresh cache."""
-    out = {}
-    for T in lengths:
-        x = _ids(T, target.vocab_size, T)
-        cache = target.lean.new_cache(max_len=T)
-        times = []
-        for _ in range(REPEATS):
-            times.append(_timed(lambda: target.lean.forward(x, cache, logits_for="last", invariant=False)))
-            cache.rollback(T)
-        out[T] = statistics.median(times) * 1e3
-    return out
+    return {T: alternated_ms({"prefill": _pass(target, _ids(T, target.vocab_size, T), target.lean.new_cache(max_len=T),
+                                               logits_for="last", invariant=False)}, REPEATS)["prefill"]
+            for T in lengths}
 
 
 def capture_ms(target, widths: list[int]) -> dict[int, dict[str, float]]:
@@ -93,13 +95,9 @@ def capture_ms(target, widths: list[int]) -> dict[int, dict[str, float]]:
     out = {}
     for T in widths:
         x = _ids(T, target.vocab_size, T)
-        times: dict[tuple[int, ...], list[float]] = {(): [], layer_ids: []}
-        for _ in range(3 * REPEATS):
-            for ids in times:
-                times[ids].append(_timed(lambda: target.lean.forward(x, cache, layer_ids=ids, logits_for="all")))
-                cache.rollback(T)
-        out[T] = {"plain_ms": statistics.median(times[()]) * 1e3,
-                  "layers_ms": statistics.median(times[layer_ids]) * 1e3, "layer_ids": list(layer_ids)}
+        ms = alternated_ms({"plain_ms": _pass(target, x, cache, logits_for="all"),
+                            "layers_ms": _pass(target, x, cache, layer_ids=layer_ids, logits_for="all")}, 3 * REPEATS)
+        out[T] = {**ms, "layer_ids": list(layer_ids)}
     return out
 
 

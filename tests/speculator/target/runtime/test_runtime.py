@@ -246,10 +246,11 @@ def test_native_decoding_is_batch_invariant(dtype, isa):
 
 @pytest.mark.skipif(not NATIVE, reason="no C compiler")
 @pytest.mark.parametrize("isa", ISAS)
-def test_a_long_prompt_prefilled_at_once_gets_the_bits_of_decoding_it_token_by_token(isa):
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_a_long_prompt_prefilled_at_once_gets_the_bits_of_decoding_it_token_by_token(dtype, isa):
     """Past decoder.c's LONG_RUN (32) new tokens a query sums their values in one call: its rows
-    must still be the bits each token gets decoded alone."""
-    lean = LeanDecoder(tiny_llama(runtime="hf").model, ops=native_ops(isa))
+    must still be the bits each token gets decoded alone, with fp32 or bf16 weights."""
+    lean = LeanDecoder(tiny_llama(dtype=dtype, runtime="hf").model, ops=native_ops(isa))
     seq, P = ids(55, 8), 10  # a cached context first: the long run adds to what its keys gave
     chunk = lean.new_cache(max_len=64)
     lean.forward(seq[:, :P], chunk)
