@@ -1,7 +1,10 @@
 """The target runtime's speed against the memory-bandwidth bound and against transformers.
 
     python -m speclab.eval.runtime_bench [--dtypes fp32 bf16] [--widths 1 2 3 5 8 16 32 64]
-                                         [--batches 8 16 32] [--json OUT]
+                                         [--batches 8 16 32] [--prefills 128 256 512 768] [--json OUT]
+
+`python -m speclab.sweeps.report record-runtime --json OUT --command CMD` appends a report's
+row to docs/records/runtime.csv (the runtime table in docs/results.md; `record_row` below).
 
 On the embedded SmolLM2 target, in one process (so machine noise hits every method alike):
 - the machine's read bandwidth (a large fp32 sum) and the bound it puts on one decode step
@@ -214,6 +217,34 @@ def print_report(report: dict) -> None:
         for b, r in e["batched"].items():
             print(f"batched generation, batch {b}: lean {r['lean_tok_s']:.0f} tok/s, transformers generate "
                   f"{r['hf_generate_tok_s']:.0f} tok/s ({r['ratio']:.1f}x)")
+
+
+# The record's columns (docs/records/runtime.csv): a report's step, its verification passes
+# of 5 and 8 tokens, batched generation at 32 rows, transformers' generate and the longest
+# prefill timed; a column whose width the report did not time is left empty.
+RECORD_COLUMNS = ("machine", "cpu_flags", "date", "dtype", "read_gb_s", "bound_ms", "step_ms", "pass5_ms", "pass8_ms",
+                  "batch32_tok_s", "generate_ms", "vs_generate", "prefill_tokens", "prefill_ms", "command")
+
+
+def record_row(report: dict, dtype: str, command: str, where: dict) -> dict:
+    """The record row of one dtype of a report (`--json`): every value formatted from a number
+    read out of the report, never evaluated."""
+    if dtype not in report.get("dtypes", {}):
+        raise ValueError(f"the report has no {dtype} figures (it timed: {', '.join(report.get('dtypes', {})) or 'none'})")
+    e = report["dtypes"][dtype]
+
+    def ms(table: dict, key: int, digits: int = 2) -> str:
+        value = table.get(str(key), table.get(key))
+        return "" if value is None else f"{float(value):.{digits}f}"
+
+    prefills = sorted(int(t) for t in e.get("prefill_ms", {}))
+    batch32 = (e.get("batched") or {}).get("32") or (e.get("batched") or {}).get(32)
+    return {**where, "dtype": dtype, "read_gb_s": f"{float(report['read_bandwidth_gb_s']):.1f}",
+            "bound_ms": f"{float(e['bound_ms']):.2f}", "step_ms": ms(e["lean_ms"], 1), "pass5_ms": ms(e["lean_ms"], 5),
+            "pass8_ms": ms(e["lean_ms"], 8), "batch32_tok_s": "" if batch32 is None else f"{float(batch32['lean_tok_s']):.0f}",
+            "generate_ms": f"{float(e['hf_generate_ms_per_token']):.2f}", "vs_generate": "",
+            "prefill_tokens": str(prefills[-1]) if prefills else "",
+            "prefill_ms": ms(e["prefill_ms"], prefills[-1], 1) if prefills else "", "command": command}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -5,6 +5,7 @@
     python -m speclab.sweeps.report record-engine --json BENCH.json --name NAME --command CMD
     python -m speclab.sweeps.report record-build --entry CACHE_ENTRY --command CMD
     python -m speclab.sweeps.report record-bench --json BENCH.json --name NAME --command CMD
+    python -m speclab.sweeps.report record-runtime --json RUNTIME.json --command CMD [--dtype bf16]
 
 A record is a CSV file under docs/records/ (docs/study_cells.csv is the data-scaling
 study's): one row per scoring of one thing, with the machine, its CPU flags, the date and
@@ -150,14 +151,18 @@ def demo_machines(rows: list[dict]) -> str:
 
 def runtime(rows: list[dict]) -> str:
     """The lean target's decode step against its memory-bandwidth bound, its verification passes
-    against one token, and against transformers' `generate`."""
+    against one token, a long prompt's prefill, and against transformers' `generate`."""
     def times(ms: str, of: str) -> str:
-        return f"{ms} ({number(ms) / number(of):.2f}x)"
+        return "–" if number(ms) is None else f"{ms} ({number(ms) / number(of):.2f}x)"
+
+    def prefill(r: dict) -> str:
+        return "–" if number(r.get("prefill_ms")) is None else f"{r['prefill_ms']} ({r['prefill_tokens']} tokens)"
 
     header = ["machine", "CPU flags", "dtype", "1-token step, ms (x bound)", "5 tokens, ms (x step)",
-              "8 tokens, ms (x step)", "batch 32, tok/s", "step vs `generate`", "date"]
+              "8 tokens, ms (x step)", "prefill, ms", "batch 32, tok/s", "step vs `generate`", "date"]
     cells = [[r["machine"], f"`{r['cpu_flags']}`", r["dtype"], times(r["step_ms"], r["bound_ms"]),
-              times(r["pass5_ms"], r["step_ms"]), times(r["pass8_ms"], r["step_ms"]), r["batch32_tok_s"],
+              times(r["pass5_ms"], r["step_ms"]), times(r["pass8_ms"], r["step_ms"]), prefill(r),
+              r["batch32_tok_s"] or "–",
               f"{number(r['vs_generate']) or number(r['generate_ms']) / number(r['step_ms']):.2f}x faster", r["date"]]
              for r in rows]
     return "\n".join([markdown(header, cells), "", "Measured on: each row's machine, on its date. " + commands_of(rows)])
@@ -451,6 +456,22 @@ def record_engine(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     return 0
 
 
+def record_runtime(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """A runtime_bench report (`--json`) as one row of a record: the report is data, read as numbers."""
+    import json
+
+    from speclab.eval.runtime_bench import RECORD_COLUMNS, record_row
+
+    path = record_path(args, parser)
+    try:
+        row = record_row(json.loads(args.json.read_text()), args.dtype, args.command, this_machine())
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        parser.error(f"{args.json}: not a runtime_bench report with {args.dtype} figures ({exc!r})")
+    append_record(path, [row], columns=RECORD_COLUMNS)
+    print(f"{path}: a row appended; now run `render`")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m speclab.sweeps.report", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="action", required=True)
@@ -481,8 +502,17 @@ def main(argv: list[str] | None = None) -> int:
     build.add_argument("--name", default="llama_cpp_build", help="the record: docs/records/NAME.csv (appended)")
     build.add_argument("--command", required=True, help="the command that built it")
     build.add_argument("--root", type=Path, default=Path("."))
+    runtime_ = sub.add_parser("record-runtime", help="append a `python -m speclab.eval.runtime_bench --json` report "
+                                                      "to a record")
+    runtime_.add_argument("--json", type=Path, required=True, help="the runtime bench's report")
+    runtime_.add_argument("--dtype", default="bf16", help="which of the report's dtypes (default: bf16)")
+    runtime_.add_argument("--name", default="runtime", help="the record: docs/records/NAME.csv (appended)")
+    runtime_.add_argument("--command", required=True, help="the command that wrote the report")
+    runtime_.add_argument("--root", type=Path, default=Path("."))
     args = parser.parse_args(argv)
 
+    if args.action == "record-runtime":
+        return record_runtime(args, parser)
     if args.action == "record-build":
         return record_build(args, parser)
     if args.action == "record-bench":

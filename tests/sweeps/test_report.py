@@ -130,3 +130,36 @@ def test_a_repeated_bench_is_recorded_as_its_scorings_with_their_standings(tmp_p
     one.write_text(json.dumps({**bench, "repeats": None}))
     with pytest.raises(SystemExit):
         report.main(["record-bench", "--json", str(one), "--name", "x", "--root", str(tmp_path), "--command", "c"])
+
+
+def test_a_runtime_bench_report_is_appended_as_a_row_the_runtime_table_draws(tmp_path, capsys):
+    # what runtime_bench's --json writes (its int keys become strings in JSON)
+    entry = {"bound_ms": 10.0, "lean_ms": {"1": 11.0, "5": 13.2, "8": 16.5},
+             "hf_generate_ms_per_token": 44.0, "prefill_ms": {"128": 48.04, "768": 484.66},
+             "batched": {"8": {"lean_tok_s": 300.0}, "32": {"lean_tok_s": 612.4}}}
+    path = tmp_path / "runtime.json"
+    path.write_text(json.dumps({"read_bandwidth_gb_s": 27.04, "dtypes": {"bf16": entry}}))
+    argv = ["record-runtime", "--json", str(path), "--root", str(tmp_path), "--command", "runtime_bench"]
+    assert report.main(argv) == 0
+    rows = report.read_record(tmp_path / "docs" / "records" / "runtime.csv")
+    assert len(rows) == 1
+    assert {k: rows[0][k] for k in ("read_gb_s", "step_ms", "pass5_ms", "pass8_ms", "batch32_tok_s", "generate_ms",
+                                   "prefill_tokens", "prefill_ms", "dtype")} == {
+        "read_gb_s": "27.0", "step_ms": "11.00", "pass5_ms": "13.20", "pass8_ms": "16.50", "batch32_tok_s": "612",
+        "generate_ms": "44.00", "prefill_tokens": "768", "prefill_ms": "484.7", "dtype": "bf16"}
+    line = report.runtime(rows).splitlines()[2]
+    assert "11.00 (1.10x)" in line and "13.20 (1.20x)" in line and "16.50 (1.50x)" in line
+    assert "484.7 (768 tokens)" in line and "4.00x faster" in line
+
+    # a report timed without 8-token passes, prefills or batches leaves those cells empty
+    del entry["lean_ms"]["8"], entry["batched"]["32"]
+    entry["prefill_ms"] = {}
+    path.write_text(json.dumps({"read_bandwidth_gb_s": 27.0, "dtypes": {"bf16": entry}}))
+    assert report.main(argv) == 0
+    second = report.read_record(tmp_path / "docs" / "records" / "runtime.csv")[1]
+    assert (second["pass8_ms"], second["batch32_tok_s"], second["prefill_ms"]) == ("", "", "")
+    assert report.runtime([second]).splitlines()[2].count("–") == 3
+
+    with pytest.raises(SystemExit):  # a dtype the report did not time
+        report.main([*argv, "--dtype", "fp32"])
+    assert "no fp32 figures" in capsys.readouterr().err
