@@ -278,6 +278,8 @@ TABLES: dict[str, tuple[str, Callable[[list[dict]], str]]] = {
     "block-drafters-repeat": ("docs/records/block_drafters_repeat.csv", repeated),
     "block-drafters-300k": ("docs/records/block_drafters_300k.csv", printout),
     "dflash2-1m": ("docs/records/dflash2_1m.csv", printout),
+    "dflash2-1m-epochs": ("docs/records/dflash2_1m_epochs.csv", printout),
+    "dflash2-1m-epochs-hybrids": ("docs/records/dflash2_1m_epochs_hybrids.csv", repeated),
     "block-hybrids-repeat": ("docs/records/block_hybrids_repeat.csv", repeated),
     "block-hybrids-min-match": ("docs/records/block_hybrids_min_match.csv", repeated),
     "runtime": ("docs/records/runtime.csv", runtime),
