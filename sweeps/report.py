@@ -285,6 +285,7 @@ TABLES: dict[str, tuple[str, Callable[[list[dict]], str]]] = {
     "runtime": ("docs/records/runtime.csv", runtime),
     "full-recipe": ("docs/records/full_recipe.csv", medians),
     "full-recipe-repeat": ("docs/records/full_recipe_repeat.csv", repeated),
+    "full-recipe-rules": ("docs/records/full_recipe_rules.csv", repeated),
     "full-recipe-categories": ("docs/records/full_recipe_categories.csv", categories),
     "off-domain-rules": ("docs/records/off_domain_rules.csv", repeated),
     "off-domain-data": ("docs/records/off_domain_data.csv", repeated),
