@@ -229,22 +229,27 @@ RECORD_COLUMNS = ("machine", "cpu_flags", "date", "dtype", "read_gb_s", "bound_m
 def record_row(report: dict, dtype: str, command: str, where: dict) -> dict:
     """The record row of one dtype of a report (`--json`): every value formatted from a number
     read out of the report, never evaluated."""
-    if dtype not in report.get("dtypes", {}):
-        raise ValueError(f"the report has no {dtype} figures (it timed: {', '.join(report.get('dtypes', {})) or 'none'})")
-    e = report["dtypes"][dtype]
+    timed = report.get("dtypes", {})
+    if dtype not in timed:
+        raise ValueError(f"the report has no {dtype} figures (it timed: {', '.join(timed) or 'none'})")
+    e = timed[dtype]
 
-    def ms(table: dict, key: int, digits: int = 2) -> str:
-        value = table.get(str(key), table.get(key))
+    def at(table: dict | None, key: int):
+        """table's entry for a width (JSON has made its int keys strings), or None."""
+        return (table or {}).get(str(key))
+
+    def fixed(value, digits: int = 2) -> str:
         return "" if value is None else f"{float(value):.{digits}f}"
 
-    prefills = sorted(int(t) for t in e.get("prefill_ms", {}))
-    batch32 = (e.get("batched") or {}).get("32") or (e.get("batched") or {}).get(32)
-    return {**where, "dtype": dtype, "read_gb_s": f"{float(report['read_bandwidth_gb_s']):.1f}",
-            "bound_ms": f"{float(e['bound_ms']):.2f}", "step_ms": ms(e["lean_ms"], 1), "pass5_ms": ms(e["lean_ms"], 5),
-            "pass8_ms": ms(e["lean_ms"], 8), "batch32_tok_s": "" if batch32 is None else f"{float(batch32['lean_tok_s']):.0f}",
-            "generate_ms": f"{float(e['hf_generate_ms_per_token']):.2f}", "vs_generate": "",
-            "prefill_tokens": str(prefills[-1]) if prefills else "",
-            "prefill_ms": ms(e["prefill_ms"], prefills[-1], 1) if prefills else "", "command": command}
+    longest = max((int(t) for t in e.get("prefill_ms", {})), default=None)
+    batch32 = at(e.get("batched"), 32)
+    return {**where, "dtype": dtype, "read_gb_s": fixed(report["read_bandwidth_gb_s"], 1),
+            "bound_ms": fixed(e["bound_ms"]), "step_ms": fixed(at(e["lean_ms"], 1)),
+            "pass5_ms": fixed(at(e["lean_ms"], 5)), "pass8_ms": fixed(at(e["lean_ms"], 8)),
+            "batch32_tok_s": fixed(batch32 and batch32["lean_tok_s"], 0),
+            "generate_ms": fixed(e["hf_generate_ms_per_token"]), "vs_generate": "",
+            "prefill_tokens": "" if longest is None else str(longest),
+            "prefill_ms": fixed(at(e["prefill_ms"], longest), 1), "command": command}
 
 
 def main(argv: list[str] | None = None) -> None:
