@@ -25,8 +25,10 @@ Each timing is the median of several repetitions, methods interleaved.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
+import re
 import statistics
 import time
 from pathlib import Path
@@ -41,9 +43,12 @@ CONTEXT, REPEATS = 256, 7
 
 
 def machine() -> dict:
+    """Where and when the report was timed: what its record row names (record_row), wherever
+    the row is written."""
     name, flags = native.cpu_info()
-    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
-    return {"cpu": name or "?", "isa": isa, "threads": torch.get_num_threads(), "load_avg": os.getloadavg()[0]}
+    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile") if f in flags]
+    return {"cpu": name or "?", "cores": os.cpu_count(), "isa": isa, "date": datetime.date.today().isoformat(),
+            "threads": torch.get_num_threads(), "load_avg": os.getloadavg()[0]}
 
 
 def read_bandwidth_gb_s(megabytes: int = 1024) -> float:
@@ -226,13 +231,22 @@ RECORD_COLUMNS = ("machine", "cpu_flags", "date", "dtype", "read_gb_s", "bound_m
                   "batch32_tok_s", "generate_ms", "vs_generate", "prefill_tokens", "prefill_ms", "command")
 
 
-def record_row(report: dict, dtype: str, command: str, where: dict) -> dict:
-    """The record row of one dtype of a report (`--json`): every value formatted from a number
-    read out of the report, never evaluated."""
+def record_row(report: dict, dtype: str, command: str) -> dict:
+    """The record row of one dtype of a report (`--json`), naming the machine the report was
+    timed on (its `machine` block): every value formatted from a number or a string read out
+    of the report, never evaluated."""
     timed = report.get("dtypes", {})
     if dtype not in timed:
         raise ValueError(f"the report has no {dtype} figures (it timed: {', '.join(timed) or 'none'})")
     e = timed[dtype]
+    m = report["machine"]
+    named = (isinstance(m.get("cpu"), str) and re.fullmatch(r"[\w .,()@/+-]{1,100}", m["cpu"])
+             and isinstance(m.get("cores"), int) and isinstance(m.get("isa"), list)
+             and all(isinstance(f, str) and re.fullmatch(r"[a-z0-9_]{1,32}", f) for f in m["isa"])
+             and isinstance(m.get("date"), str) and re.fullmatch(r"\d{4}-\d{2}-\d{2}", m["date"]))
+    if not named:  # a table cell: plain words only
+        raise ValueError("its machine block does not name a cpu, cores, isa flags and date in plain words")
+    where = {"machine": f"{m['cpu']} ({m['cores']} cores)", "cpu_flags": " ".join(m["isa"]), "date": m["date"]}
 
     def at(table: dict | None, key: int):
         """table's entry for a width (JSON has made its int keys strings), or None."""

@@ -460,16 +460,17 @@ def record_engine(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
 
 
 def record_runtime(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """A runtime_bench report (`--json`) as one row of a record: the report is data, read as numbers."""
+    """A runtime_bench report (`--json`) as one row of a record, named by the machine the report
+    was timed on, not the one recording it: the report is data, read as numbers and strings."""
     import json
 
     from speclab.eval.runtime_bench import RECORD_COLUMNS, record_row
 
     path = record_path(args, parser)
     try:
-        row = record_row(json.loads(args.json.read_text()), args.dtype, args.command, this_machine())
+        row = record_row(json.loads(args.json.read_text()), args.dtype, args.command)
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        parser.error(f"{args.json}: not a runtime_bench report with {args.dtype} figures ({exc!r})")
+        parser.error(f"{args.json}: not a runtime_bench report with {args.dtype} figures and its machine ({exc})")
     append_record(path, [row], columns=RECORD_COLUMNS)
     print(f"{path}: a row appended; now run `render`")
     return 0

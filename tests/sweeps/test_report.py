@@ -137,12 +137,16 @@ def test_a_runtime_bench_report_is_appended_as_a_row_the_runtime_table_draws(tmp
     entry = {"bound_ms": 10.0, "lean_ms": {"1": 11.0, "5": 13.2, "8": 16.5},
              "hf_generate_ms_per_token": 44.0, "prefill_ms": {"128": 48.04, "768": 484.66},
              "batched": {"8": {"lean_tok_s": 300.0}, "32": {"lean_tok_s": 612.4}}}
+    timed_on = {"cpu": "Some EPYC", "cores": 4, "isa": ["avx2", "avx512f"], "date": "2026-01-02", "threads": 4}
     path = tmp_path / "runtime.json"
-    path.write_text(json.dumps({"read_bandwidth_gb_s": 27.04, "dtypes": {"bf16": entry}}))
+    path.write_text(json.dumps({"machine": timed_on, "read_bandwidth_gb_s": 27.04, "dtypes": {"bf16": entry}}))
     argv = ["record-runtime", "--json", str(path), "--root", str(tmp_path), "--command", "runtime_bench"]
     assert report.main(argv) == 0
     rows = report.read_record(tmp_path / "docs" / "records" / "runtime.csv")
     assert len(rows) == 1
+    # the machine the report was timed on, not the one recording it
+    assert (rows[0]["machine"], rows[0]["cpu_flags"], rows[0]["date"]) == ("Some EPYC (4 cores)", "avx2 avx512f",
+                                                                           "2026-01-02")
     assert {k: rows[0][k] for k in ("read_gb_s", "step_ms", "pass5_ms", "pass8_ms", "batch32_tok_s", "generate_ms",
                                    "prefill_tokens", "prefill_ms", "dtype")} == {
         "read_gb_s": "27.0", "step_ms": "11.00", "pass5_ms": "13.20", "pass8_ms": "16.50", "batch32_tok_s": "612",
@@ -154,7 +158,7 @@ def test_a_runtime_bench_report_is_appended_as_a_row_the_runtime_table_draws(tmp
     # a report timed without 8-token passes, prefills or batches leaves those cells empty
     del entry["lean_ms"]["8"], entry["batched"]["32"]
     entry["prefill_ms"] = {}
-    path.write_text(json.dumps({"read_bandwidth_gb_s": 27.0, "dtypes": {"bf16": entry}}))
+    path.write_text(json.dumps({"machine": timed_on, "read_bandwidth_gb_s": 27.0, "dtypes": {"bf16": entry}}))
     assert report.main(argv) == 0
     second = report.read_record(tmp_path / "docs" / "records" / "runtime.csv")[1]
     assert (second["pass8_ms"], second["batch32_tok_s"], second["prefill_ms"]) == ("", "", "")
@@ -163,3 +167,9 @@ def test_a_runtime_bench_report_is_appended_as_a_row_the_runtime_table_draws(tmp
     with pytest.raises(SystemExit):  # a dtype the report did not time
         report.main([*argv, "--dtype", "fp32"])
     assert "no fp32 figures" in capsys.readouterr().err
+    for machine in ({}, {**timed_on, "cpu": "x | y\n"}, {**timed_on, "isa": ["avx2`"]}):  # unnamed, or not plain words
+        path.write_text(json.dumps({"machine": machine, "read_bandwidth_gb_s": 27.0, "dtypes": {"bf16": entry}}))
+        with pytest.raises(SystemExit):
+            report.main(argv)
+        assert "does not name a cpu" in capsys.readouterr().err
+    assert len(report.read_record(tmp_path / "docs" / "records" / "runtime.csv")) == 2
