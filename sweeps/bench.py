@@ -145,8 +145,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         again = [run_bench(methods, ks, encoded, items, sets, sampling, args.resamples) for _ in range(args.repeat - 1)]
         report["repeats"] = repeats([report, *again])
     report["config"] = {
-        # dtype: the weights', what `dtype: auto` chose
-        "target_config": target_config, "dtype": str(target.dtype).removeprefix("torch."),
+        # dtype: the weights', what `dtype: auto` chose; runtime: what decoded them, e.g.
+        # lean/native/widened, the kernel path included (its bits and speed differ per path)
+        "target_config": target_config, "dtype": str(target.dtype).removeprefix("torch."), "runtime": target.runtime,
         "speculators": {n: str(p) for n, (p, _) in speculators.items()},
         "assistant": str(assistant_dir) if assistant_dir else None, "k": args.k, "tree": args.tree,
         "tree_depth": args.tree_depth or args.k, "tree_top_k": args.tree_top_k, "max_new_tokens": args.max_new_tokens,
