@@ -46,9 +46,21 @@ def machine() -> dict:
     """Where and when the report was timed: what its record row names (record_row), wherever
     the row is written."""
     name, flags = native.cpu_info()
-    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile") if f in flags]
-    return {"cpu": name or "?", "cores": os.cpu_count(), "isa": isa, "date": datetime.date.today().isoformat(),
+    isa = [f for f in native.PATH_FLAGS if f in flags]
+    return {"cpu": name or "unknown CPU", "cores": os.cpu_count(), "isa": isa, "date": datetime.date.today().isoformat(),
             "threads": torch.get_num_threads(), "load_avg": os.getloadavg()[0]}
+
+
+def timed_on(m: dict) -> dict:
+    """The record columns naming where and when a report was timed (machine, cpu_flags, date),
+    from its `machine` block: table cells, so plain words only (ValueError otherwise)."""
+    named = (isinstance(m, dict) and isinstance(m.get("cpu"), str) and re.fullmatch(r"[\w .,()@/+-]{1,100}", m["cpu"])
+             and isinstance(m.get("cores"), int) and isinstance(m.get("isa"), list)
+             and all(isinstance(f, str) and re.fullmatch(r"[a-z0-9_]{1,32}", f) for f in m["isa"])
+             and isinstance(m.get("date"), str) and re.fullmatch(r"\d{4}-\d{2}-\d{2}", m["date"]))
+    if not named:
+        raise ValueError("its machine block does not name a cpu, cores, isa flags and date in plain words")
+    return {"machine": native.machine_label(m["cpu"], m["cores"]), "cpu_flags": " ".join(m["isa"]), "date": m["date"]}
 
 
 def read_bandwidth_gb_s(megabytes: int = 1024) -> float:
@@ -239,14 +251,7 @@ def record_row(report: dict, dtype: str, command: str) -> dict:
     if dtype not in timed:
         raise ValueError(f"the report has no {dtype} figures (it timed: {', '.join(timed) or 'none'})")
     e = timed[dtype]
-    m = report["machine"]
-    named = (isinstance(m.get("cpu"), str) and re.fullmatch(r"[\w .,()@/+-]{1,100}", m["cpu"])
-             and isinstance(m.get("cores"), int) and isinstance(m.get("isa"), list)
-             and all(isinstance(f, str) and re.fullmatch(r"[a-z0-9_]{1,32}", f) for f in m["isa"])
-             and isinstance(m.get("date"), str) and re.fullmatch(r"\d{4}-\d{2}-\d{2}", m["date"]))
-    if not named:  # a table cell: plain words only
-        raise ValueError("its machine block does not name a cpu, cores, isa flags and date in plain words")
-    where = {"machine": f"{m['cpu']} ({m['cores']} cores)", "cpu_flags": " ".join(m["isa"]), "date": m["date"]}
+    where = timed_on(report["machine"])
 
     def at(table: dict | None, key: int):
         """table's entry for a width (JSON has made its int keys strings), or None."""

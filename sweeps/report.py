@@ -42,7 +42,6 @@ from .table import (align, best_baseline, format_lossless, format_method, format
 
 PAGES = ("README.md", "docs/results.md", "docs/serving.md")
 BLOCK = re.compile(r"(<!-- table:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /table:(?P=name) -->)", re.S)
-SHOWN_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")  # the flags that pick a kernel path
 
 
 def spread(values: list[float], fmt: str = ".2f", unit: str = "", ci: tuple | None = None) -> str:
@@ -342,11 +341,11 @@ def stale_blocks(root: Path) -> list[str]:
 
 def this_machine() -> dict:
     """The record columns naming where and when a figure is recorded: machine, cpu_flags, date."""
-    from speclab.kernels.native import cpu_info  # the machine the record is written on
+    from speclab.kernels.native import PATH_FLAGS, cpu_info, machine_label  # the machine the record is written on
 
     model, flags = cpu_info()
-    return {"machine": f"{model or 'unknown CPU'} ({os.cpu_count()} cores)",
-            "cpu_flags": " ".join(f for f in SHOWN_FLAGS if f in flags), "date": datetime.date.today().isoformat()}
+    return {"machine": machine_label(model, os.cpu_count()),
+            "cpu_flags": " ".join(f for f in PATH_FLAGS if f in flags), "date": datetime.date.today().isoformat()}
 
 
 def record_path(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Path:

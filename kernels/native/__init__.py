@@ -157,6 +157,15 @@ def build_id(march: str = MARCH) -> str:
     return _build_key(cc, march)
 
 
+# The CPU flags that pick a kernel path: the ones a record of a figure names its machine by.
+PATH_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+
+
+def machine_label(model: str, cores: int | None) -> str:
+    """A machine as the records of figures name it: its CPU model and core count."""
+    return f"{model or 'unknown CPU'} ({cores} cores)"
+
+
 def cpu_info() -> tuple[str, list[str]]:
     """This CPU's model name and feature flags (Linux /proc/cpuinfo; empty elsewhere)."""
     try:

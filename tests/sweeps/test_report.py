@@ -167,7 +167,7 @@ def test_a_runtime_bench_report_is_appended_as_a_row_the_runtime_table_draws(tmp
     with pytest.raises(SystemExit):  # a dtype the report did not time
         report.main([*argv, "--dtype", "fp32"])
     assert "no fp32 figures" in capsys.readouterr().err
-    for machine in ({}, {**timed_on, "cpu": "x | y\n"}, {**timed_on, "isa": ["avx2`"]}):  # unnamed, or not plain words
+    for machine in ({}, [], {**timed_on, "cpu": "x | y\n"}, {**timed_on, "isa": ["avx2`"]}):  # unnamed, or not plain words
         path.write_text(json.dumps({"machine": machine, "read_bandwidth_gb_s": 27.0, "dtypes": {"bf16": entry}}))
         with pytest.raises(SystemExit):
             report.main(argv)
