@@ -280,6 +280,8 @@ TABLES: dict[str, tuple[str, Callable[[list[dict]], str]]] = {
     "dflash2-1m-epochs": ("docs/records/dflash2_1m_epochs.csv", printout),
     "dflash2-1m-epochs-hybrids": ("docs/records/dflash2_1m_epochs_hybrids.csv", repeated),
     "block-hybrids-repeat": ("docs/records/block_hybrids_repeat.csv", repeated),
+    "block-drafters-1m": ("docs/records/block_drafters_1m.csv", printout),
+    "block-drafters-1m-repeat": ("docs/records/block_drafters_1m_repeat.csv", repeated),
     "block-hybrids-min-match": ("docs/records/block_hybrids_min_match.csv", repeated),
     "runtime": ("docs/records/runtime.csv", runtime),
     "full-recipe": ("docs/records/full_recipe.csv", medians),
