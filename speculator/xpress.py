@@ -101,10 +101,12 @@ class XPressSpeculator(DFlashSpeculator):
     def block_output(self, out: torch.Tensor) -> torch.Tensor:
         return out  # [block_size, d]: the refiner reads the whole block
 
-    def _refined(self, hidden: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
-        """hidden [B, d], previous [M, B] -> logits [M, P, N] at the drafting slots."""
+    def _refined(self, hidden: torch.Tensor, previous: torch.Tensor, slots: int | None = None) -> torch.Tensor:
+        """hidden [B, d], previous [M, B] -> logits [M, slots, N] at the first `slots` drafting
+        slots (default all P)."""
         x = self.refine(hidden.expand(previous.shape[0], -1, -1), previous)
-        states = torch.cat([hidden.expand(previous.shape[0], -1, -1), x], -1)[:, self.first_slot:]
+        stop = None if slots is None else self.first_slot + slots
+        states = torch.cat([hidden.expand(previous.shape[0], -1, -1), x], -1)[:, self.first_slot:stop]
         return self.draft_head(0, states)
 
     def _previous(self, state: DFlashState, pending: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
@@ -117,15 +119,18 @@ class XPressSpeculator(DFlashSpeculator):
     @torch.no_grad()
     def propose(self, state: DFlashState, pending: torch.Tensor, k: int):
         hidden = self._block_logits(state, pending)  # [block_size, d]
-        P = self.max_draft_len()
-        drafts = self.vocab.to_target(self.lm_head(hidden[self.first_slot:]).argmax(-1))[None]  # [1, P]: pass 0
-        for _ in range(P + 1):  # each pass settles at least one more slot (the mix is causal)
-            logits = self._refined(hidden, self._previous(state, pending, drafts))  # [1, P, N]
+        # Slot j's refined logits read the drafts before it only (the mix is causal), so the k
+        # asked for settle on their own: k slots' logits a pass and at most k + 1 passes, not the
+        # block's P (a chain of 2 from a block of 8: 6.4 ms of drafting a step against 13.8).
+        n = max(1, min(k, self.max_draft_len()))
+        drafts = self.vocab.to_target(self.lm_head(hidden[self.first_slot:self.first_slot + n]).argmax(-1))[None]
+        for _ in range(n + 1):  # pass 0 above; each pass settles at least one more slot
+            logits = self._refined(hidden, self._previous(state, pending, drafts), n)  # [1, n, N]
             settled = self.vocab.to_target(logits.argmax(-1))
             if torch.equal(settled, drafts):
                 break
             drafts = settled
-        k = max(0, min(k, P))
+        k = max(0, min(k, n))
         return drafts[:, :k], logits[:, :k]
 
     @torch.no_grad()

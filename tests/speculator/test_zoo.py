@@ -51,6 +51,22 @@ def test_extend_equals_propose_and_leaves_the_state_alone(family, size):
 
 
 @pytest.mark.parametrize("family", ZOO)
+@pytest.mark.parametrize("size", [0, 1])
+def test_a_shorter_chain_is_the_start_of_the_longest(family, size):
+    """propose(k) drafts what the longest chain starts with (xpress resolves only the k slots
+    asked for: its refiner's mix is causal, so later slots cannot change earlier ones)."""
+    info = target_info()
+    spec = build_speculator(family, SMALL[family][size], info).eval()
+    longest = spec.max_draft_len() or 5
+    state, pending = started(spec, info)
+    drafts, logits = spec.propose(state, pending, longest)
+    for k in range(1, longest):
+        short, short_logits = spec.propose(state, pending, k)
+        assert torch.equal(short, drafts[:, :k])
+        torch.testing.assert_close(short_logits, logits[:, :k], **TOL)
+
+
+@pytest.mark.parametrize("family", ZOO)
 def test_training_forward_reads_no_future(family):
     """State (p, t) may read tokens up to x_{t+1+p} and target features up to t, nothing later
     (peagle's and dflash's parallel positions read no token past x_{t+1}: their check moves that one)."""
