@@ -255,29 +255,21 @@ def test_suffix_drafts_from_a_corpus_of_training_answers_and_keeps_it_across_res
 
 def test_a_corpus_trie_is_built_without_the_collector_and_leaves_it_as_it_was():
     import gc
-    answers = torch.randint(0, V, (40, 100), generator=torch.Generator().manual_seed(3)).tolist()
-    collections = []
-    for enabled in (True, False):
+    for seed, enabled in ((3, True), (4, False)):  # distinct answers: each call builds its own trie
+        answers = torch.randint(0, V, (40, 100), generator=torch.Generator().manual_seed(seed)).tolist()
         spec = build_speculator("suffix", {"corpus_tokens": 4000}, info())
         spec.use_training_data(answers)
+        collections = []
         (gc.enable if enabled else gc.disable)()
         gc.callbacks.append(collect := lambda phase, stats: collections.append(stats["generation"]))
         try:
             trie = spec.corpus_trie()  # ~10 nodes a token: far past the youngest generation's 700
+            assert gc.isenabled() == enabled  # the caller's collector is left as it was
         finally:
             gc.callbacks.remove(collect)
             gc.enable()
         assert collections == [] and trie.size > 4000  # not one pass of the collector over the growing trie
         assert gc.get_freeze_count() >= trie.size
-        collections.clear()
-    spec = build_speculator("suffix", {"corpus_tokens": 4000}, info())
-    spec.use_training_data(answers)
-    gc.disable()
-    try:
-        spec.corpus_trie()
-        assert not gc.isenabled()  # a caller's choice is left alone
-    finally:
-        gc.enable()
 
 
 def test_corpora_stay_built_side_by_side_shared_by_copies_and_freed_with_their_holders():
