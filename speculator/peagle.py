@@ -100,21 +100,28 @@ class PEagleSpeculator(Eagle3Speculator):
 
     # --- training -------------------------------------------------------------------
 
-    def _depth0(self, feats: Features) -> tuple[torch.Tensor, list[KV]]:
-        """Every position at depth 0 (EAGLE-3's step 0) -> (out [B, T, D], its keys/values)."""
+    def _depth0(self, feats: Features) -> tuple[torch.Tensor, list[KV], torch.Tensor]:
+        """Every position at depth 0 (EAGLE-3's step 0) -> (out [B, T, D], its keys/values,
+        `mask_input()`). Both inputs come from one embedding lookup: each lookup of a trained
+        embedding costs backward a dense [V, D] gradient, freshly allocated (on a CPU its page
+        faults alone cost 0.2 s at SmolLM2's vocabulary), so the mask token rides with the tokens."""
         ids = feats.input_ids
-        T = ids.shape[1]
-        x = self.step_input(self.lift(self._features(feats.hidden, feats.layers)), F.pad(ids[:, 1:], (0, 1)))
-        return run_layers(self.layers, x, torch.arange(T, device=ids.device), self.config.rope_theta,
-                          None, causal_mask(T, 0, ids.device), None, "prefix")
+        B, T = ids.shape
+        tokens = torch.cat([F.pad(ids[:, 1:], (0, 1)).flatten(), ids.new_full((1,), self.mask_token_id)])
+        carried = torch.cat([self._features(feats.hidden, feats.layers).flatten(0, 1),
+                             self.mask_hidden[0].to(compute_dtype(self))])
+        inputs = self.step_input(self.lift(carried), tokens)  # [B * T + 1, 2D]
+        out, kv = run_layers(self.layers, inputs[:-1].view(B, T, -1), torch.arange(T, device=ids.device),
+                             self.config.rope_theta, None, causal_mask(T, 0, ids.device), None, "prefix")
+        return out, kv, inputs[-1:][None]
 
     def draft_states(self, feats: Features) -> torch.Tensor:  # [B, P, T, D]
         """Every anchor t at every depth p (row (p, t) sits at position t + p), no sampling."""
         B, T = feats.input_ids.shape
-        out, base = self._depth0(feats)
+        out, base, masked = self._depth0(feats)
         states, chain = [self.head_states(out)], None
         positions, mask = torch.arange(T, device=out.device), causal_mask(T, 0, out.device)
-        rows = self.mask_input().expand(B, T, -1)
+        rows = masked.expand(B, T, -1)
         for p in range(1, max(1, min(self.config.block_size, T - 1))):
             out, chain = run_layers(self.layers, rows, positions + p, self.config.rope_theta, base, mask, chain, "chain")
             states.append(self.head_states(out))
@@ -127,12 +134,12 @@ class PEagleSpeculator(Eagle3Speculator):
         B, T = ids.shape
         next_ids = F.pad(ids[:, 1:], (0, 1))
         trainable = feats.loss_mask & self.vocab.contains(next_ids)  # [B, T]: the target at t is trained
-        out, base = self._depth0(feats)
+        out, base, masked = self._depth0(feats)
         first = trainable[:, 1:]  # [B, T-1]: depth 0 at anchor t guesses the target at t + 1
         depth_rows = {0: ([out[:, : T - 1][first]], [feats.hidden[:, 1:][first]])}
         for b in range(B):
             kv = [(k[b : b + 1], v[b : b + 1]) for k, v in base]
-            for d, (states, at) in self._chains(kv, trainable[b], T).items():
+            for d, (states, at) in self._chains(kv, trainable[b], T, masked).items():
                 draft, target = depth_rows.setdefault(d, ([], []))
                 draft.append(states)
                 target.append(feats.hidden[b, at])
@@ -171,17 +178,18 @@ class PEagleSpeculator(Eagle3Speculator):
             kept.append(pool)
         return kept
 
-    def _chains(self, kv: list[KV], trainable: torch.Tensor, T: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    def _chains(self, kv: list[KV], trainable: torch.Tensor, T: int,
+                masked: torch.Tensor) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
         """The sampled rows of one sequence, depth by depth: each depth's rows read the keys of
-        their anchor's kept rows at the depths before (its chain, gathered from the last depth's).
-        -> depth -> (outputs [n, D], the positions whose target they guess [n])."""
+        their anchor's kept rows at the depths before (its chain, gathered from the last depth's);
+        `masked` is `mask_input()`. -> depth -> (outputs [n, D], the positions whose target they guess [n])."""
         rows, chain, previous = {}, None, None
         positions = torch.arange(T, device=trainable.device)
         for d, anchors in enumerate(self.sample_chains(trainable, T), start=1):
             if chain is not None:  # keep the chains of the anchors still drawn
                 keep = torch.searchsorted(previous, anchors)
                 chain = [(k[:, :, keep], v[:, :, keep]) for k, v in chain]
-            x = self.mask_input().expand(1, anchors.numel(), -1)
+            x = masked.expand(1, anchors.numel(), -1)
             mask = positions[None, :] <= anchors[:, None]  # [n, T]: the committed prefix up to the anchor
             out, chain = run_layers(self.layers, x, anchors + d, self.config.rope_theta, kv, mask, chain, "chain")
             rows[d] = (out[0], anchors + 1 + d)

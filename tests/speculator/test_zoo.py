@@ -230,9 +230,9 @@ def test_peagle_conditional_drop_token_sampling():
                      trainable[None], torch.randn(B, T, len(spec.target_layer_ids), info.hidden_size))
     with torch.no_grad():
         full = spec.draft_states(feats)  # [1, P, T, D]
-        _, base = spec._depth0(feats)
+        _, base, masked = spec._depth0(feats)
         torch.manual_seed(1)
-        rows = spec._chains([(k[:1], v[:1]) for k, v in base], trainable, T)
+        rows = spec._chains([(k[:1], v[:1]) for k, v in base], trainable, T, masked)
     assert sorted(rows) == list(range(1, 6))
     for d, (out, at) in rows.items():
         torch.testing.assert_close(spec.head_states(out), full[0, d, at - 1 - d], **TOL)
@@ -241,6 +241,28 @@ def test_peagle_conditional_drop_token_sampling():
     loss, metrics = spec.loss(feats, lambda a, b: (a - a.detach()).sum(-1) + 1,
                              lambda h, cols: h @ (head if cols is None else head[cols]).T)
     assert loss.item() == pytest.approx(1.0) and {f"acc_pos{d}" for d in range(6)} <= set(metrics)
+
+
+def test_peagle_training_looks_its_embedding_up_once():
+    """Every sequence and depth reads the mask row from the lookup of the tokens: each lookup
+    of the trained embedding costs its backward a dense [V, D] gradient (a step paid 29 of
+    them at SmolLM2's sizes). The mask row is the one inference drafts from."""
+    info = target_info()
+    spec = build_speculator("peagle", dict(SMALL["peagle"][0], block_size=6, embedding="trained"), info)
+    B, T = 2, 24
+    feats = Features(torch.randint(0, info.vocab_size, (B, T)), torch.randn(B, T, info.hidden_size),
+                     torch.ones(B, T, dtype=torch.bool), torch.randn(B, T, len(spec.target_layer_ids), info.hidden_size))
+    lookups = []
+    hook = spec.embed_tokens.register_forward_hook(lambda *args: lookups.append(1))
+    head = info.lm_head_weight
+    loss, _ = spec.loss(feats, lambda a, b: (a.float() - b.float()).pow(2).mean(-1),
+                        lambda h, cols: h @ (head if cols is None else head[cols]).T)
+    loss.backward()
+    hook.remove()
+    assert lookups == [1] and spec.embed_tokens.weight.grad is not None
+    with torch.no_grad():
+        masked = spec._depth0(feats)[2]
+        torch.testing.assert_close(masked, spec.mask_input(), **TOL)
 
 
 def test_eagle3_default_target_layers_are_low_mid_high():
