@@ -72,10 +72,14 @@ class DSparkSpeculator(DFlashSpeculator):
         return torch.cat([out, e], -1)  # [B, A, P, d + r]
 
     def draft_head(self, p: int, states: torch.Tensor) -> torch.Tensor:
-        h, e = states[..., : self.width], states[..., self.width :]
+        return self.lm_head(states[..., : self.width]) + self.markov_bias(states)
+
+    def markov_bias(self, states: torch.Tensor) -> torch.Tensor:
+        """The Markov head's logit bias of states [..., d + r] (`draft_head` less DFlash's head)."""
+        e = states[..., self.width :]
         if self.config.markov_head == "gated":
             e = torch.sigmoid(self.markov_head.gate_proj(states)) * e
-        return self.lm_head(h) + self.markov_head.markov_w2(e)
+        return self.markov_head.markov_w2(e)
 
     def draft_head_weight(self, p: int) -> torch.Tensor | None:
         if self.config.markov_head == "gated":
@@ -87,17 +91,21 @@ class DSparkSpeculator(DFlashSpeculator):
     def block_output(self, out: torch.Tensor) -> torch.Tensor:
         return out  # the slots' hidden states [block_size = P, d]: the bias needs each slot's previous token first
 
-    def _slot_logits(self, h: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
-        """h [d] one slot's state, previous [M] target ids -> [M, N]."""
+    def _slot_logits(self, h: torch.Tensor, unary: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
+        """h [d] one slot's state, unary [N] DFlash's logits of it, previous [M] target ids -> [M, N]."""
         e = self.markov_head.markov_w1(previous).to(h.dtype)  # [M, r]
-        return self.draft_head(0, torch.cat([h.expand(e.shape[0], -1), e], -1))
+        return unary + self.markov_bias(torch.cat([h.expand(e.shape[0], -1), e], -1))
 
     @torch.no_grad()
     def propose(self, state: DFlashState, pending: torch.Tensor, k: int):
-        hidden = self._block_logits(state, pending)  # [P, d]
-        return self.chained_propose(pending, k, lambda slot, previous: self._slot_logits(hidden[slot], previous))
+        hidden = self._block_logits(state, pending)[: max(0, min(k, self.max_draft_len()))]  # [k', d]
+        # DFlash's head reads no draft: one product for the k' slots streams the head once a step, not once a slot.
+        unary = self.lm_head(hidden)  # [k', N]
+        return self.chained_propose(pending, k, lambda slot, previous: self._slot_logits(hidden[slot], unary[slot],
+                                                                                         previous))
 
     @torch.no_grad()
     def extend(self, state: DFlashState, pending: torch.Tensor, paths: torch.Tensor) -> torch.Tensor:
         hidden = self._block_logits(state, pending)
-        return self.chained_extend(pending, paths, lambda slot, previous: self._slot_logits(hidden[slot], previous))
+        return self.chained_extend(pending, paths, lambda slot, previous: self._slot_logits(
+            hidden[slot], self.lm_head(hidden[slot]), previous))

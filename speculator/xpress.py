@@ -27,6 +27,7 @@ Parameter names follow speculators' `XPressDraftModel` (`refiner_head.*`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +43,15 @@ class XPressConfig(DFlashConfig):
     """Width r of the refiner (its embedding, mix and MLP live in r)."""
     xpress_mlp_ratio: int = 2
     """The refiner MLP's hidden width is r x this."""
+
+
+class XPressBlock(NamedTuple):
+    """What a step's calls read of one block pass: what no draft moves, computed once a step
+    (each Jacobi pass then costs the refiner and its readout only, not DFlash's head again)."""
+
+    hidden: torch.Tensor  # [block_size, d]
+    base: torch.Tensor  # [P, N]: DFlash's logits of the drafting slots
+    fixed: tuple[torch.Tensor, torch.Tensor]  # `refine_fixed(hidden)`
 
 
 class XPressSpeculator(DFlashSpeculator):
@@ -72,13 +82,20 @@ class XPressSpeculator(DFlashSpeculator):
     def width(self) -> int:
         return self.target_info.hidden_size
 
-    def refine(self, h: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
-        """h [..., B, d] a block's outputs, previous [..., B] the token before each slot's guess
-        (target ids) -> the refiner's features [..., B, r]."""
+    def refine_fixed(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The refiner's inputs that read no token: h [..., B, d] -> its own and the block
+        summary's projections, [..., B, r] each."""
         head = self.refiner_head
-        g = h.mean(-2, keepdim=True).expand_as(h)
+        return head.down_h(h), head.down_g(h.mean(-2, keepdim=True).expand_as(h))
+
+    def refine(self, h: torch.Tensor, previous: torch.Tensor, fixed=None) -> torch.Tensor:
+        """h [..., B, d] a block's outputs, previous [..., B] the token before each slot's guess
+        (target ids) -> the refiner's features [..., B, r]. `fixed`: `refine_fixed(h)` where
+        the caller kept it (h [B, d] then, read by every row of previous [M, B])."""
+        head = self.refiner_head
+        down_h, down_g = self.refine_fixed(h) if fixed is None else fixed
         e = head.token_embed(previous).to(h.dtype)
-        x = head.in_proj(torch.cat([head.down_h(h), head.down_g(g), e], -1))
+        x = head.in_proj(torch.cat([down_h.expand_as(e), down_g.expand_as(e), e], -1))
         mix = head.mix_l * self.causal.to(head.mix_l.dtype)  # [r, B, B]: slot k reads slots j <= k
         x = x + torch.einsum("ckj,...jc->...kc", mix, x)
         return x + head.mlp_down(F.silu(head.mlp_gate(x)) * head.mlp_up(x))
@@ -98,16 +115,15 @@ class XPressSpeculator(DFlashSpeculator):
 
     # --- inference: one block pass, then Jacobi passes of the refiner -----------------------
 
-    def block_output(self, out: torch.Tensor) -> torch.Tensor:
-        return out  # [block_size, d]: the refiner reads the whole block
+    def block_output(self, out: torch.Tensor) -> XPressBlock:
+        return XPressBlock(out, self.lm_head(out[self.first_slot:]), self.refine_fixed(out))
 
-    def _refined(self, hidden: torch.Tensor, previous: torch.Tensor, slots: int | None = None) -> torch.Tensor:
-        """hidden [B, d], previous [M, B] -> logits [M, slots, N] at the first `slots` drafting
-        slots (default all P)."""
-        x = self.refine(hidden.expand(previous.shape[0], -1, -1), previous)
+    def _refined(self, block: XPressBlock, previous: torch.Tensor, slots: int | None = None) -> torch.Tensor:
+        """previous [M, B] -> logits [M, slots, N] at the first `slots` drafting slots (default
+        all P): `draft_head` on [hidden; refined], its DFlash half read from the block."""
+        x = self.refine(block.hidden, previous, block.fixed)
         stop = None if slots is None else self.first_slot + slots
-        states = torch.cat([hidden.expand(previous.shape[0], -1, -1), x], -1)[:, self.first_slot:stop]
-        return self.draft_head(0, states)
+        return block.base[:slots] + self.refiner_head.readout(x[:, self.first_slot:stop])
 
     def _previous(self, state: DFlashState, pending: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
         """[M, block_size]: the token before each slot's guess, given drafts [M, <= P] (the rest 0)."""
@@ -118,14 +134,14 @@ class XPressSpeculator(DFlashSpeculator):
 
     @torch.no_grad()
     def propose(self, state: DFlashState, pending: torch.Tensor, k: int):
-        hidden = self._block_logits(state, pending)  # [block_size, d]
+        block = self._block_logits(state, pending)
         # Slot j's refined logits read the drafts before it only (the mix is causal), so the k
         # asked for settle on their own: k slots' logits a pass and at most k + 1 passes, not the
         # block's P (a chain of 2 from a block of 8: 6.4 ms of drafting a step against 13.8).
         n = max(1, min(k, self.max_draft_len()))
-        drafts = self.vocab.to_target(self.lm_head(hidden[self.first_slot:self.first_slot + n]).argmax(-1))[None]
+        drafts = self.vocab.to_target(block.base[:n].argmax(-1))[None]
         for _ in range(n + 1):  # pass 0 above; each pass settles at least one more slot
-            logits = self._refined(hidden, self._previous(state, pending, drafts), n)  # [1, n, N]
+            logits = self._refined(block, self._previous(state, pending, drafts), n)  # [1, n, N]
             settled = self.vocab.to_target(logits.argmax(-1))
             if torch.equal(settled, drafts):
                 break
@@ -137,5 +153,5 @@ class XPressSpeculator(DFlashSpeculator):
     def extend(self, state: DFlashState, pending: torch.Tensor, paths: torch.Tensor) -> torch.Tensor:
         d = paths.shape[1]
         self._check_depth(d)
-        hidden = self._block_logits(state, pending)
-        return self._refined(hidden, self._previous(state, pending, paths))[:, d]
+        block = self._block_logits(state, pending)
+        return self._refined(block, self._previous(state, pending, paths))[:, d]

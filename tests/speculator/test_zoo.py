@@ -66,6 +66,21 @@ def test_a_shorter_chain_is_the_start_of_the_longest(family, size):
         torch.testing.assert_close(short_logits, logits[:, :k], **TOL)
 
 
+@pytest.mark.parametrize("family", [f for f in ("dflash", "dflash2", "dspark", "xpress") if f in ZOO])
+def test_a_block_step_streams_dflashs_head_once(family):
+    """DFlash's head reads no draft, so a step's drafting computes it once however many slots
+    it settles one after another (dspark's bias slot by slot, xpress's Jacobi passes): a draft
+    step streams its weights from memory, and the head is the largest of them."""
+    info = target_info()
+    spec = build_speculator(family, SMALL[family][0], info).eval()
+    state, pending = started(spec, info)
+    calls = []
+    hook = spec.lm_head.register_forward_hook(lambda *args: calls.append(1))
+    spec.propose(state, pending, spec.max_draft_len())
+    hook.remove()
+    assert calls == [1]
+
+
 @pytest.mark.parametrize("family", ZOO)
 def test_training_forward_reads_no_future(family):
     """State (p, t) may read tokens up to x_{t+1+p} and target features up to t, nothing later
