@@ -334,6 +334,20 @@ class DFlashSpeculator(Speculator):
             return pending.new_zeros(1, 0), torch.zeros(1, 0, self.vocab.size, device=pending.device)
         return torch.stack(tokens, 1), torch.stack(logits, 1)
 
+    def headed_propose(self, state: DFlashState, pending: torch.Tensor, k: int, slot_logits):
+        """`chained_propose` for a family whose slot logits build on DFlash's head (dspark,
+        dflash2): slot_logits(h [d], unary [N], previous [M]) -> [M, N]. The head reads no
+        draft, so one product for the k' slots streams it once a step, not once a slot."""
+        hidden = self._block_logits(state, pending)[: max(0, min(k, self.max_draft_len()))]  # [k', d]
+        unary = self.lm_head(hidden)  # [k', N]
+        return self.chained_propose(pending, k, lambda slot, previous: slot_logits(hidden[slot], unary[slot], previous))
+
+    def headed_extend(self, state: DFlashState, pending: torch.Tensor, paths: torch.Tensor, slot_logits) -> torch.Tensor:
+        """`chained_extend` with `headed_propose`'s slot_logits."""
+        hidden = self._block_logits(state, pending)
+        return self.chained_extend(pending, paths, lambda slot, previous: slot_logits(
+            hidden[slot], self.lm_head(hidden[slot]), previous))
+
     def chained_extend(self, pending: torch.Tensor, paths: torch.Tensor, slot_logits) -> torch.Tensor:
         """`extend` for such a family: slot d's logits after each path's last token."""
         M, d = paths.shape

@@ -98,14 +98,8 @@ class DSparkSpeculator(DFlashSpeculator):
 
     @torch.no_grad()
     def propose(self, state: DFlashState, pending: torch.Tensor, k: int):
-        hidden = self._block_logits(state, pending)[: max(0, min(k, self.max_draft_len()))]  # [k', d]
-        # DFlash's head reads no draft: one product for the k' slots streams the head once a step, not once a slot.
-        unary = self.lm_head(hidden)  # [k', N]
-        return self.chained_propose(pending, k, lambda slot, previous: self._slot_logits(hidden[slot], unary[slot],
-                                                                                         previous))
+        return self.headed_propose(state, pending, k, self._slot_logits)
 
     @torch.no_grad()
     def extend(self, state: DFlashState, pending: torch.Tensor, paths: torch.Tensor) -> torch.Tensor:
-        hidden = self._block_logits(state, pending)
-        return self.chained_extend(pending, paths, lambda slot, previous: self._slot_logits(
-            hidden[slot], self.lm_head(hidden[slot]), previous))
+        return self.headed_extend(state, pending, paths, self._slot_logits)
