@@ -51,11 +51,20 @@ class TargetInfo:
     embed_weight: torch.Tensor | None = None  # [V, H], for optional initialisation
     lm_head_weight: torch.Tensor | None = None  # [V, H], frozen; for families drafting through it
     token_counts: torch.Tensor | None = None  # [V] assistant-token counts of the training data
+    norm_weight: torch.Tensor | None = None  # [H] the final norm's, for a head that starts as the target's
+    layer_state: Callable[[int], dict[str, torch.Tensor]] | None = None
+    """Decoder layer i's weights by HF name (self_attn.q_proj.weight, ...), for draft layers that start as the target's."""
 
     @classmethod
     def of(cls, target) -> "TargetInfo":
         return cls(target.vocab_size, target.hidden_size, target.num_layers, target.name,
-                   target.embed_weight.detach(), target.lm_head_weight.detach())
+                   target.embed_weight.detach(), target.lm_head_weight.detach(),
+                   norm_weight=target.norm_weight, layer_state=target.layer_state)
+
+    def __deepcopy__(self, memo) -> "TargetInfo":
+        # The target's own, frozen: copies of a speculator share them (and `layer_state` reads
+        # the live target, which a deep copy would clone whole).
+        return self
 
     def with_counts(self, counts: torch.Tensor) -> "TargetInfo":
         return dataclasses.replace(self, token_counts=counts)

@@ -40,7 +40,7 @@ from torch import nn
 
 from .base import TargetInfo
 from .feature_ar import FeatureAutoregressive
-from .layers import DecoderLayer, FusedInputLayer, embedding_from_target
+from .layers import DecoderLayer, FusedInputLayer, embedding_from_target, start_as_target_layer
 
 
 def default_layer_ids(num_layers: int) -> tuple[int, ...]:
@@ -58,7 +58,22 @@ def default_layer_ids(num_layers: int) -> tuple[int, ...]:
 
 
 @dataclass
-class Eagle3Config:
+class TargetStart:
+    """Where an EAGLE-style drafter's weights start (eagle3, peagle): its own random draws, or
+    the target's. Its head, norm and decoder layer have the target's shapes at SmolLM2's sizes."""
+
+    head_init: Literal["random", "target"] = "random"
+    """How the output layer and final norm start: random (EAGLE-3's), or as the target's head rows
+    over the draft vocabulary and its final norm (the draft's guesses start as the target's reading
+    of the draft's state)."""
+    layer_init: Literal["random", "target"] = "random"
+    """How the decoder layers start: random, or as the target's decoder layers after the deepest one
+    fc reads (fc then starts by passing that layer through): a start that already reads the target's
+    residual stream. Needs the target's sizes (hidden_size, heads, intermediate_size)."""
+
+
+@dataclass
+class Eagle3Config(TargetStart):
     num_layers: int = 1
     """Decoder layers (EAGLE-3 uses one)."""
     hidden_size: int = 576
@@ -104,6 +119,30 @@ class Eagle3Speculator(FeatureAutoregressive):
         self.layers = nn.ModuleList([FusedInputLayer(*args), *(DecoderLayer(*args) for _ in range(config.num_layers - 1))])
         self.norm = nn.RMSNorm(d, eps=1e-6)
         self.lm_head = nn.Linear(d, self.vocab.size, bias=False)
+        self.start_as_target(config, target)
+
+    def start_as_target(self, config: Eagle3Config, target: TargetInfo) -> None:
+        """head_init / layer_init = target: copy the target's head, final norm and decoder layers in."""
+        for knob in ("head_init", "layer_init"):
+            if getattr(config, knob) not in ("random", "target"):
+                raise ValueError(f"{self.family} {knob} {getattr(config, knob)!r}: random or target")
+        if config.head_init == "target" and target.lm_head_weight is not None:
+            if config.hidden_size != target.hidden_size:
+                raise ValueError(f"{self.family} head_init=target needs hidden_size = the target's ({target.hidden_size})")
+            with torch.no_grad():
+                self.lm_head.weight.copy_(target.lm_head_weight.float()[self.vocab.ids.to(target.lm_head_weight.device)])
+                if target.norm_weight is not None:
+                    self.norm.weight.copy_(target.norm_weight)
+        if config.layer_init == "target" and target.layer_state is not None:
+            H, deepest = target.hidden_size, max(self.target_layer_ids)
+            if config.hidden_size != H:
+                raise ValueError(f"{self.family} layer_init=target needs hidden_size = the target's ({H})")
+            for j, layer in enumerate(self.layers):
+                start_as_target_layer(layer, target.layer_state(min(deepest + j, target.num_layers - 1)))
+            with torch.no_grad():  # fc passes the deepest layer it reads through
+                self.fc.weight.zero_()
+                slot = self.target_layer_ids.index(deepest)
+                self.fc.weight[:, slot * H:(slot + 1) * H] = torch.eye(H)
 
     @classmethod
     def layer_ids_for(cls, config: Eagle3Config, num_layers: int) -> tuple[int, ...]:

@@ -235,6 +235,32 @@ class FusedInputLayer(DecoderLayer):
         return torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], -1), hidden
 
 
+_READS_THE_INPUT = {f"self_attn.{p}_proj.weight" for p in "qkv"}
+
+
+def start_as_target_layer(layer: DecoderLayer, state: dict[str, torch.Tensor]) -> None:
+    """Copy a target decoder layer's weights (HF names, `TargetInfo.layer_state`) into a draft
+    layer of its shape: training then starts from a layer that already reads the target's
+    residual stream. EAGLE-3's first layer reads [embedding; carried] (2d wide): the target's
+    q/k/v go to the carried half and its input norm to `hidden_norm`; the embedding half keeps
+    its random start."""
+    ours = layer.state_dict()
+    fused = isinstance(layer, FusedInputLayer)
+    with torch.no_grad():
+        for name, weight in state.items():
+            if fused and name == "input_layernorm.weight":
+                name = "hidden_norm.weight"
+            if name not in ours:
+                raise ValueError(f"the target's layer has {name!r}, which the draft layer has not")
+            mine = ours[name]
+            if fused and name in _READS_THE_INPUT:
+                mine = mine[:, -weight.shape[1]:]  # the carried half
+            if mine.shape != weight.shape:
+                raise ValueError(f"{name}: the target's is {tuple(weight.shape)}, the draft's {tuple(mine.shape)}; "
+                                 f"a draft layer starts as the target's only at the target's sizes")
+            mine.copy_(weight)
+
+
 def run_layers(layers: nn.ModuleList, x: torch.Tensor, positions: torch.Tensor, theta: float,
                past: list[KV] | None, mask: torch.Tensor | None, chain: list[KV] | None,
                grow: Literal["prefix", "chain"]) -> tuple[torch.Tensor, list[KV]]:

@@ -112,6 +112,16 @@ class FrozenTarget(nn.Module):
     def embed_weight(self) -> torch.Tensor:  # [V, H] in compute_dtype
         return self._in_compute_dtype("embed", self.model.get_input_embeddings().weight)
 
+    @property
+    def norm_weight(self) -> torch.Tensor | None:  # [H] fp32: the final norm before the head
+        norm = getattr(self.model.get_decoder(), "norm", None)
+        return None if norm is None else norm.weight.detach().float()
+
+    def layer_state(self, i: int) -> dict[str, torch.Tensor]:
+        """Decoder layer i's weights by HF name, fp32 copies (a draft layer that starts as it trains its own)."""
+        layer = self.model.get_decoder().layers[i]
+        return {name: w.detach().float().clone() for name, w in layer.state_dict().items()}
+
     def _in_compute_dtype(self, key: str, weight: torch.Tensor) -> torch.Tensor:
         if weight.dtype == self.compute_dtype:
             return weight

@@ -2,6 +2,8 @@
 drafting, training reads no future, sizes are knobs, checkpoints hold only the draft's own
 weights, and greedy speculative decoding is lossless on a real target."""
 
+from copy import deepcopy
+
 import pytest
 import torch
 
@@ -334,6 +336,39 @@ def real_target_config(family: str) -> dict:
     if family in TRAINING_FREE:
         return {}
     return dict(SMALL[family][1], **({"target_layers": []} if family in ("eagle3", "peagle", "dflash", "dflash2", "dspark", "xpress") else {}))
+
+
+@pytest.mark.parametrize("family", ["eagle3", "peagle"])
+def test_eagle_drafters_can_start_as_the_targets_deepest_layer_and_head(family, tiny):
+    """head_init and layer_init = target: fc passes the deepest layer read through, the draft
+    layer is the target's next decoder layer, the head and final norm are the target's. With the
+    embedding half of q/k/v (random at the start) zeroed, the first draft step computes the
+    target's own logits from that layer on."""
+    info = TargetInfo.of(tiny)
+    config = dict(hidden_size=tiny.hidden_size, num_heads=4, num_kv_heads=2, intermediate_size=128, target_layers=[0, 1],
+                  draft_vocab_size=0, head_init="target", layer_init="target")
+    spec = build_speculator(family, config, info).eval()
+    with torch.no_grad():
+        for name in ("q_proj", "k_proj", "v_proj"):
+            getattr(spec.layers[0].self_attn, name).weight[:, : tiny.hidden_size] = 0
+    torch.manual_seed(0)
+    ids = torch.randint(3, tiny.vocab_size, (1, 7))
+    with torch.no_grad():
+        out = tiny.model(ids, output_hidden_states=True)
+        layers = torch.stack(out.hidden_states[:2], 2)  # [1, T, 2, H]: the inputs of layers 0 and 1
+        states = spec.draft_states(Features(ids, out.hidden_states[-1], torch.ones_like(ids, dtype=torch.bool), layers))
+        torch.testing.assert_close(spec.lm_head(states[:, 0]), out.logits, rtol=1e-4, atol=1e-4)
+    random = build_speculator(family, dict(config, head_init="random", layer_init="random"), info)
+    assert not torch.equal(random.lm_head.weight, spec.lm_head.weight)
+    copy = deepcopy(spec)  # as a bench's tree methods copy it: the live target is shared, not cloned
+    assert copy.target_info is spec.target_info and copy.lm_head.weight is not spec.lm_head.weight
+
+
+def test_eagle3_starts_as_the_target_only_at_its_sizes(tiny):
+    with pytest.raises(ValueError, match="hidden_size = the target's"):
+        build_speculator("eagle3", dict(SMALL["eagle3"][1], target_layers=[], layer_init="target"), TargetInfo.of(tiny))
+    with pytest.raises(ValueError, match="random or target"):
+        build_speculator("eagle3", dict(SMALL["eagle3"][1], target_layers=[], head_init="copied"), TargetInfo.of(tiny))
 
 
 @pytest.mark.parametrize("family", sorted(REGISTRY))
