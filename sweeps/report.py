@@ -288,6 +288,8 @@ TABLES: dict[str, tuple[str, Callable[[list[dict]], str]]] = {
     "xpress-peagle-1m-repeat": ("docs/records/xpress_peagle_1m_repeat.csv", repeated),
     "eagle3-target-start-100k": ("docs/records/eagle3_target_start_100k.csv", printout),
     "eagle3-target-start-100k-bench": ("docs/records/eagle3_target_start_100k_bench.csv", repeated),
+    "peagle-target-start-100k": ("docs/records/peagle_target_start_100k.csv", printout),
+    "peagle-target-start-100k-bench": ("docs/records/peagle_target_start_100k_bench.csv", repeated),
     "eagle3-target-start-1m": ("docs/records/eagle3_target_start_1m.csv", printout),
     "eagle3-target-start-1m-repeat": ("docs/records/eagle3_target_start_1m_repeat.csv", repeated),
     "runtime": ("docs/records/runtime.csv", runtime),
