@@ -159,7 +159,7 @@ class DFlashSpeculator(Speculator):
         self.lm_head = nn.Linear(d, self.vocab.size, bias=False)
         if target.lm_head_weight is not None:
             with torch.no_grad():
-                self.lm_head.weight.copy_(target.lm_head_weight.float()[self.vocab.ids.to(target.lm_head_weight.device)])
+                self.lm_head.weight.copy_(self.vocab.rows(target.lm_head_weight))
         self.lm_head.weight.requires_grad_(config.head == "trained")
 
     def make_layer(self, d: int) -> DFlashLayer:

@@ -130,7 +130,7 @@ class Eagle3Speculator(FeatureAutoregressive):
             if config.hidden_size != target.hidden_size:
                 raise ValueError(f"{self.family} head_init=target needs hidden_size = the target's ({target.hidden_size})")
             with torch.no_grad():
-                self.lm_head.weight.copy_(target.lm_head_weight.float()[self.vocab.ids.to(target.lm_head_weight.device)])
+                self.lm_head.weight.copy_(self.vocab.rows(target.lm_head_weight))
                 if target.norm_weight is not None:
                     self.norm.weight.copy_(target.norm_weight)
         if config.layer_init == "target" and target.layer_state is not None:

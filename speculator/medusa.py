@@ -56,7 +56,7 @@ class MedusaSpeculator(HeadsOnLastHidden, Speculator):
         if config.output_init == "target_head" and d == H and target.lm_head_weight is not None:
             with torch.no_grad():
                 for linear in self.out.linears:
-                    linear.weight.copy_(target.lm_head_weight.float()[self.vocab.ids])
+                    linear.weight.copy_(self.vocab.rows(target.lm_head_weight))
 
     def draft_states(self, feats: Features) -> torch.Tensor:  # [B, K, T, D]
         h = feats.hidden.to(compute_dtype(self))

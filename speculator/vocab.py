@@ -35,6 +35,10 @@ class DraftVocab(nn.Module):
         # Saved with the weights: a loaded speculator drafts the vocabulary it was trained on.
         self.register_buffer("ids", ids, persistent=not self.full)  # [N] target ids, ascending
 
+    def rows(self, weight: torch.Tensor) -> torch.Tensor:  # [V, ...] -> [N, ...]
+        """The rows of a target tensor at the draft tokens (its head over the draft vocabulary)."""
+        return weight[self.ids.to(weight.device)]
+
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids if self.full else self.ids[draft_ids]
 

@@ -113,14 +113,14 @@ class FrozenTarget(nn.Module):
         return self._in_compute_dtype("embed", self.model.get_input_embeddings().weight)
 
     @property
-    def norm_weight(self) -> torch.Tensor | None:  # [H] fp32: the final norm before the head
+    def norm_weight(self) -> torch.Tensor | None:  # [H] in the target's dtype: the final norm before the head
         norm = getattr(self.model.get_decoder(), "norm", None)
-        return None if norm is None else norm.weight.detach().float()
+        return None if norm is None else norm.weight.detach()
 
     def layer_state(self, i: int) -> dict[str, torch.Tensor]:
-        """Decoder layer i's weights by HF name, fp32 copies (a draft layer that starts as it trains its own)."""
-        layer = self.model.get_decoder().layers[i]
-        return {name: w.detach().float().clone() for name, w in layer.state_dict().items()}
+        """Decoder layer i's weights by HF name, in the target's dtype (a draft layer that starts
+        as it copies them in, widening them to its own)."""
+        return dict(self.model.get_decoder().layers[i].state_dict())
 
     def _in_compute_dtype(self, key: str, weight: torch.Tensor) -> torch.Tensor:
         if weight.dtype == self.compute_dtype:

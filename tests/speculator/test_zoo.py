@@ -364,6 +364,23 @@ def test_eagle_drafters_can_start_as_the_targets_deepest_layer_and_head(family, 
     assert copy.target_info is spec.target_info and copy.lm_head.weight is not spec.lm_head.weight
 
 
+def test_a_bf16_targets_start_is_its_weights_widened_exactly():
+    """A bf16 target's head rows, norm and layer land in the fp32 draft as they are (bf16 widens exactly)."""
+    from speclab.speculator.target.builders import tiny_llama
+
+    target = tiny_llama(dtype="bf16", runtime="hf")
+    spec = build_speculator("eagle3", dict(hidden_size=target.hidden_size, num_heads=4, num_kv_heads=2, intermediate_size=128,
+                                           target_layers=[0, 1], draft_vocab_size=0, head_init="target", layer_init="target"),
+                            TargetInfo.of(target))
+    ours, theirs = spec.layers[0], target.model.get_decoder().layers[1]
+    assert ours.mlp.down_proj.weight.dtype == torch.float32
+    assert torch.equal(ours.mlp.down_proj.weight, theirs.mlp.down_proj.weight.float())
+    assert torch.equal(ours.self_attn.q_proj.weight[:, target.hidden_size:], theirs.self_attn.q_proj.weight.float())
+    assert torch.equal(ours.hidden_norm.weight, theirs.input_layernorm.weight.float())
+    assert torch.equal(spec.norm.weight, target.model.get_decoder().norm.weight.float())
+    assert torch.equal(spec.lm_head.weight, target.model.lm_head.weight.float())
+
+
 def test_eagle3_starts_as_the_target_only_at_its_sizes(tiny):
     with pytest.raises(ValueError, match="hidden_size = the target's"):
         build_speculator("eagle3", dict(SMALL["eagle3"][1], target_layers=[], layer_init="target"), TargetInfo.of(tiny))
