@@ -126,17 +126,16 @@ class Eagle3Speculator(FeatureAutoregressive):
         for knob in ("head_init", "layer_init"):
             if getattr(config, knob) not in ("random", "target"):
                 raise ValueError(f"{self.family} {knob} {getattr(config, knob)!r}: random or target")
+        from_target = [knob for knob in ("head_init", "layer_init") if getattr(config, knob) == "target"]
+        if from_target and config.hidden_size != target.hidden_size:
+            raise ValueError(f"{self.family} {'/'.join(from_target)}=target needs hidden_size = the target's ({target.hidden_size})")
         if config.head_init == "target" and target.lm_head_weight is not None:
-            if config.hidden_size != target.hidden_size:
-                raise ValueError(f"{self.family} head_init=target needs hidden_size = the target's ({target.hidden_size})")
             with torch.no_grad():
                 self.lm_head.weight.copy_(self.vocab.rows(target.lm_head_weight))
                 if target.norm_weight is not None:
                     self.norm.weight.copy_(target.norm_weight)
         if config.layer_init == "target" and target.layer_state is not None:
             H, deepest = target.hidden_size, max(self.target_layer_ids)
-            if config.hidden_size != H:
-                raise ValueError(f"{self.family} layer_init=target needs hidden_size = the target's ({H})")
             for j, layer in enumerate(self.layers):
                 start_as_target_layer(layer, target.layer_state(min(deepest + j, target.num_layers - 1)))
             with torch.no_grad():  # fc passes the deepest layer it reads through
