@@ -11,6 +11,11 @@ committed features it stands in for are the target's, so deeper drafts read inpu
 the first never saw. The normed output is what the head reads already, so the carried
 feature and the head's input become one tensor.
 
+`norm_before_fc` (speculators' name) puts one RMSNorm over the fused target layers before fc:
+g_j = fc norm([l^a_j; l^b_j; l^c_j]). The target's residual stream grows with depth, so unnormed
+the deepest layer dominates fc's input by its scale alone; speculators' trainer turns it on for
+eagle3 with norm_output.
+
 The first layer reads [embedding; carried] (2D wide, `FusedInputLayer`), later ones are
 plain Llama layers. Training unrolls `ttt_steps` in which the draft consumes its own
 previous outputs (feature_ar.py). The embedding starts as the target's (EAGLE-3 freezes it).
@@ -24,7 +29,8 @@ Parameter names follow vLLM speculators' `Eagle3Speculator`, so export is a rena
     norm.weight                             -> norm.weight
     lm_head.weight                          -> lm_head.weight       [N, D]
     vocab.ids [N] (target ids, ascending)   -> d2t = vocab.d2t() [N], t2d = vocab.t2d() [V] (buffers)
-Its config: norm_output = `norm_output`; transformer_layer_config = a LlamaConfig(hidden_size=D, num_attention_heads,
+    input_norm.weight [3H] (norm_before_fc only) -> input_norm.weight
+Its config: norm_output = `norm_output`, norm_before_fc = `norm_before_fc`; transformer_layer_config = a LlamaConfig(hidden_size=D, num_attention_heads,
 num_key_value_heads, intermediate_size, rope_theta, rms_norm_eps=1e-6, vocab_size=V),
 draft_vocab_size = N, target_hidden_size = H, norm_before_residual = False; the target
 layer ids for vLLM's eagle_aux_hidden_state_layer_ids are `target_layer_ids`.
@@ -73,7 +79,17 @@ class TargetStart:
 
 
 @dataclass
-class Eagle3Config(TargetStart):
+class FusedInputNorm:
+    """Whether an EAGLE-style drafter (eagle3, peagle) norms the target layers fc reads."""
+
+    norm_before_fc: bool = False
+    """One RMSNorm over the concatenated target layers before fc (speculators' option of that name;
+    its trainer's default for eagle3, with norm_output). With layer_init=target, fc's pass-through
+    then carries the deepest layer scaled by that norm, not the layer as the target holds it."""
+
+
+@dataclass
+class Eagle3Config(TargetStart, FusedInputNorm):
     num_layers: int = 1
     """Decoder layers (EAGLE-3 uses one)."""
     hidden_size: int = 576
@@ -114,6 +130,7 @@ class Eagle3Speculator(FeatureAutoregressive):
             with torch.no_grad():
                 self.embed_tokens.weight.copy_(embedding_from_target(target.embed_weight, d))
         self.embed_tokens.weight.requires_grad_(config.embedding == "trained")
+        self.input_norm = nn.RMSNorm(n_layers * H, eps=1e-6) if config.norm_before_fc else None
         self.fc = nn.Linear(n_layers * H, d, bias=False)
         args = (d, config.num_heads, config.num_kv_heads, config.intermediate_size)
         self.layers = nn.ModuleList([FusedInputLayer(*args), *(DecoderLayer(*args) for _ in range(config.num_layers - 1))])
@@ -161,7 +178,7 @@ class Eagle3Speculator(FeatureAutoregressive):
         return layers.flatten(-2)  # [B, T, L * H]
 
     def lift(self, features):
-        return self.fc(features)
+        return self.fc(features if self.input_norm is None else self.input_norm(features))
 
     def carry(self, out):
         # Computed eagerly by feature_ar.py on both paths, so the native steps draft 3.1 as well.

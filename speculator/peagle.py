@@ -36,13 +36,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from .base import Features, Objective, TargetInfo, _rows
-from .eagle3 import Eagle3Speculator, TargetStart
+from .eagle3 import Eagle3Speculator, FusedInputNorm, TargetStart
 from .feature_ar import FeatureARState
 from .layers import KV, causal_mask, compute_dtype, run_layers
 
 
 @dataclass
-class PEagleConfig(TargetStart):
+class PEagleConfig(TargetStart, FusedInputNorm):
     block_size: int = 8
     """Positions drafted in one pass, and the depths trained (speculators' num_depths)."""
     num_layers: int = 1

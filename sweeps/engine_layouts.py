@@ -185,6 +185,7 @@ def hf_llama(speculator: Speculator, ctx: ExportContext, out: Path) -> tuple[dic
 def speculators_eagle3(speculator: Speculator, ctx: ExportContext, out: Path) -> tuple[dict, dict, dict]:
     return _speculators_format(speculator, ctx, out, "eagle3", {
         "norm_output": speculator.config.norm_output,  # EAGLE-3.1: the carried feature is the final norm's output
+        "norm_before_fc": speculator.config.norm_before_fc,  # input_norm over the fused target layers
         "embed_requires_grad": speculator.config.embedding == "trained",
     })
 
@@ -194,6 +195,7 @@ def speculators_peagle(speculator: Speculator, ctx: ExportContext, out: Path) ->
     of `block_size` (speculators names the depths its `speculative_tokens`)."""
     return _speculators_format(speculator, ctx, out, "peagle", {
         "norm_output": False,  # P-EAGLE feeds nothing back: no drafted position reads another's output
+        "norm_before_fc": speculator.config.norm_before_fc,
         "mask_token_id": speculator.mask_token_id,
         "embed_requires_grad": speculator.config.embedding == "trained",
     }, speculative_tokens=speculator.config.block_size)

@@ -1,7 +1,7 @@
 """A checkpoint saved by vLLM's speculators library (config.json + model.safetensors, no
 speclab.json beside it) read into the speclab family that computes the same draft:
 `load_checkpoint` falls back to it, so `speclab eval` scores a draft trained elsewhere.
-Readable: `eagle3` (and EAGLE-3.1's `norm_output`), `peagle`, `dflash`, `dflash2`, `dspark`, `xpress`.
+Readable: `eagle3` (and EAGLE-3.1's `norm_output`; `norm_before_fc` for both), `peagle`, `dflash`, `dflash2`, `dspark`, `xpress`.
 
 config.json is data from a stranger: only the fields below are read, each checked, and
 nothing in it names code to run. A checkpoint asking for maths speclab's layers do not
@@ -165,7 +165,7 @@ def _eagle(path: Path, config: dict, target: TargetInfo) -> Speculator:
 
 def _params(config: dict, kind: str, target: TargetInfo) -> dict:
     tl = config["transformer_layer_config"]
-    refused = [f"{name}={config.get(name)!r}" for name in ("norm_before_residual", "norm_before_fc", "fc_norm")
+    refused = [f"{name}={config.get(name)!r}" for name in ("norm_before_residual", "fc_norm")
                if config.get(name)]
     refused += [f"transformer_layer_config.{name}={tl.get(name)!r}" for name, want in (
         ("model_type", "llama"), ("hidden_act", "silu"), ("rms_norm_eps", EPS)) if tl.get(name, want) != want]
@@ -192,7 +192,8 @@ def _params(config: dict, kind: str, target: TargetInfo) -> dict:
                   target_layers=[int(i) for i in layer_ids],
                   rope_theta=float(rope.get("rope_theta", tl.get("rope_theta", 10000.0))),
                   draft_vocab_size=0 if draft_vocab == vocab else draft_vocab,
-                  embedding="trained" if config.get("embed_requires_grad", kind == "peagle") else "frozen")
+                  embedding="trained" if config.get("embed_requires_grad", kind == "peagle") else "frozen",
+                  norm_before_fc=bool(config.get("norm_before_fc", False)))
     if kind == "eagle3":
         return dict(params, norm_output=bool(config.get("norm_output", False)))
     # norm_output is ignored, as speculators' PEagleDraftModel ignores it: nothing is fed back

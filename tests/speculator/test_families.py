@@ -34,10 +34,11 @@ SMALL = {
                    draft_vocab_size=19)],
     "eagle3": [dict(num_layers=1, hidden_size=24, num_heads=4, num_kv_heads=2, intermediate_size=40, ttt_steps=3),
                dict(num_layers=2, hidden_size=18, num_heads=3, num_kv_heads=3, intermediate_size=23, ttt_steps=3,
-                    target_layers=[1, 3], embedding="trained", draft_vocab_size=19, norm_output=True)],  # EAGLE-3.1
+                    target_layers=[1, 3], embedding="trained", draft_vocab_size=19, norm_output=True,
+                    norm_before_fc=True)],  # EAGLE-3.1 with speculators' fused-input norm
     "peagle": [dict(num_layers=1, hidden_size=24, num_heads=4, num_kv_heads=2, intermediate_size=40, block_size=4),
                dict(num_layers=2, hidden_size=18, num_heads=3, num_kv_heads=3, intermediate_size=23, block_size=3,
-                    target_layers=[1, 3], embedding="frozen", mask_token_id=7, draft_vocab_size=19)],
+                    target_layers=[1, 3], embedding="frozen", mask_token_id=7, draft_vocab_size=19, norm_before_fc=True)],
     # head_dim independent of the (target's) width; a trained head; anchors sampled or every row
     "dflash": [dict(block_size=4, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=6, intermediate_size=40),
                dict(block_size=5, num_layers=2, num_heads=3, num_kv_heads=3, head_dim=4, intermediate_size=23,

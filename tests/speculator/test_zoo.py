@@ -201,6 +201,24 @@ def test_eagle3_1_carries_the_normed_output_to_the_next_depth():
     assert not torch.allclose(a[:, 1:], b[:, 1:])
 
 
+@pytest.mark.parametrize("family", ["eagle3", "peagle"])
+def test_norm_before_fc_norms_the_fused_target_layers_before_fc(family):
+    """norm_before_fc: fc reads RMSNorm([l^a; l^b; l^c]) (one norm over the concatenation), so the
+    draft no longer sees the layers' overall scale; without it, scaling them moves the draft."""
+    info = target_info()
+    spec = build_speculator(family, dict(SMALL[family][0], norm_before_fc=True), info).eval()
+    plain = build_speculator(family, SMALL[family][0], info).eval()
+    assert spec.input_norm.weight.shape == (len(spec.target_layer_ids) * info.hidden_size,)
+    with torch.no_grad():
+        spec.input_norm.weight.uniform_(0.5, 1.5, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(2, 3, spec.input_norm.weight.numel())
+    want = spec.fc(x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * spec.input_norm.weight)
+    torch.testing.assert_close(spec.lift(x), want, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(spec.lift(7 * x), spec.lift(x), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(plain.lift(7 * x), plain.lift(x), rtol=1e-3, atol=1e-3)
+    assert "input_norm.weight" not in plain.state_dict()
+
+
 def test_peagle_drafts_a_block_in_one_pass_from_mask_rows():
     """The layers run once per propose; the parallel positions read the mask token and the
     learned mask feature (changing either moves the deeper drafts, never the first)."""

@@ -162,6 +162,13 @@ def dflash_vs_speculators(speculator, out: Path, target) -> tuple[float, float]:
 
 
 
+def random_input_norm(speculator):
+    """A norm over the fused target layers (norm_before_fc) whose weight is not its initial ones,
+    so a missing or misplaced input_norm shows in the logits."""
+    with torch.no_grad():
+        speculator.input_norm.weight.uniform_(0.5, 1.5, generator=torch.Generator().manual_seed(3))
+
+
 def convolved(speculator):
     """Random convolutions (they start as the identity), so speculators' convolutions are compared too."""
     torch.manual_seed(3)

@@ -11,11 +11,18 @@ weights and random target states: its shapes, load and maths, not a trained chec
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 
 import torch
-from interop import CLIENT, COMPARE, convolved
+
+# speculators' block drafters import triton, which on a CPU runs only through its interpreter:
+# set before that import, as tests/conftest.py does for the interop tests.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from interop import CLIENT, COMPARE, convolved, random_input_norm
 from test_export_layouts import SPECS, exported
 from vllm_mlp_oracle import VLLMMLPSpeculator
 
@@ -30,8 +37,12 @@ CASES = [  # (family, label, spec)
     ("eagle3", "eagle3, D = H = 64, full vocab", dict(SPECS["eagle3"], hidden_size=64, draft_vocab_size=0)),
     ("eagle3", "eagle3 with norm_output (EAGLE-3.1), D = H = 64, draft vocab 100 of 384",
      dict(SPECS["eagle3"], hidden_size=64, norm_output=True)),
+    ("eagle3", "eagle3 with norm_output and norm_before_fc (speculators' trainer default), D = H = 64, "
+     "draft vocab 100 of 384", dict(SPECS["eagle3"], hidden_size=64, norm_output=True, norm_before_fc=True)),
     ("peagle", "peagle, block of 4, D = H = 64, draft vocab 100 of 384", dict(SPECS["peagle"], hidden_size=64)),
     ("peagle", "peagle, block of 4, D = H = 64, full vocab", dict(SPECS["peagle"], hidden_size=64, draft_vocab_size=0)),
+    ("peagle", "peagle with norm_before_fc, block of 4, D = H = 64, draft vocab 100 of 384",
+     dict(SPECS["peagle"], hidden_size=64, norm_before_fc=True)),
     ("mlp", "mlp, tied, draft vocab 100 of 384 (expanded)", SPECS["mlp"]),
     ("mlp", "mlp, untied, full vocab", dict(SPECS["mlp"], tie_weights=False, draft_vocab_size=0)),
     ("medusa", "medusa, 2 heads, draft vocab 100 of 384 (token_map)", SPECS["medusa"]),
@@ -48,6 +59,7 @@ CASES = [  # (family, label, spec)
      SPECS["dflash2"]),
 ]
 PREPARE = {"dflash2": convolved}  # its convolutions start as the identity: made random so they are compared
+# (and a norm_before_fc case's input_norm starts as ones: made random the same way)
 
 
 def size(out: Path) -> str:
@@ -90,7 +102,8 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for family, label, spec in CASES:
         with tempfile.TemporaryDirectory() as tmp:
-            speculator, out = exported(Path(tmp), target, family, spec=spec, prepare=PREPARE.get(family))
+            prepare = random_input_norm if spec.get("norm_before_fc") else PREPARE.get(family)
+            speculator, out = exported(Path(tmp), target, family, spec=spec, prepare=prepare)
             diff, agree = COMPARE[family](speculator, out, target)
             print(f"| {label} | {CLIENT[family]} | {diff:.1e} | {agree:.0%} | {size(out)} |")
     with tempfile.TemporaryDirectory() as tmp:

@@ -19,7 +19,7 @@ import pytest
 import torch
 from interop import T, convolved, dflash2_vs_speculators, dflash_vs_speculators, draft_lm_vs_transformers, \
     eagle3_vs_speculators, load_block_drafter_in_speculators, load_in_speculators, masked_logits_ceiling, \
-    medusa_vs_vllm_oracle, mlp_vs_vllm_oracle, peagle_vs_speculators
+    medusa_vs_vllm_oracle, mlp_vs_vllm_oracle, peagle_vs_speculators, random_input_norm
 from test_export_layouts import SPECS, exported, same_state, tensor_names
 from transformers import AutoModelForCausalLM
 
@@ -42,15 +42,19 @@ def test_the_installed_speculators_is_the_makefiles_pin():
     assert version("speculators") == pin
 
 
-@pytest.mark.parametrize("norm_output", [False, True])  # EAGLE-3 and EAGLE-3.1
+# EAGLE-3, EAGLE-3.1, and speculators' trainer default for eagle3 (3.1 with norm_before_fc)
+@pytest.mark.parametrize(("norm_output", "norm_before_fc"), [(False, False), (True, False), (True, True)])
 @pytest.mark.parametrize("draft_vocab_size", [0, 100])
-def test_eagle3_loads_in_speculators_and_computes_speclabs_draft(tmp_path, target, draft_vocab_size, norm_output):
+def test_eagle3_loads_in_speculators_and_computes_speclabs_draft(tmp_path, target, draft_vocab_size, norm_output,
+                                                                norm_before_fc):
     spec = dict(SPECS["eagle3"], hidden_size=target.hidden_size, draft_vocab_size=draft_vocab_size,
-                norm_output=norm_output)  # D = H
-    speculator, out = exported(tmp_path, target, "eagle3", spec=spec)
+                norm_output=norm_output, norm_before_fc=norm_before_fc)  # D = H
+    speculator, out = exported(tmp_path, target, "eagle3", spec=spec,
+                               prepare=random_input_norm if norm_before_fc else None)
     model = load_in_speculators(out)
     assert type(model).__name__ == "Eagle3DraftModel" and model.target_layer_ids == [1, 2, 3]
-    assert model.config.norm_output is norm_output
+    assert model.config.norm_output is norm_output and model.config.norm_before_fc is norm_before_fc
+    assert (model.input_norm is not None) is norm_before_fc
     if draft_vocab_size:
         assert torch.equal(model.d2t, speculator.vocab.d2t()) and torch.equal(model.t2d, speculator.vocab.t2d())
     else:
@@ -141,16 +145,20 @@ def test_dflash_with_another_mask_token_would_not_match(tmp_path, target):
     assert diff > 1e-3
 
 
-@pytest.mark.parametrize("embedding", ["trained", "frozen"])
+@pytest.mark.parametrize(("embedding", "norm_before_fc"), [("trained", False), ("frozen", False), ("trained", True)])
 @pytest.mark.parametrize("draft_vocab_size", [0, 100])
-def test_peagle_loads_in_speculators_and_computes_speclabs_block(tmp_path, target, draft_vocab_size, embedding):
+def test_peagle_loads_in_speculators_and_computes_speclabs_block(tmp_path, target, draft_vocab_size, embedding,
+                                                                 norm_before_fc):
     """At every block position (depths 0..3) of every anchor. Replaced for the check (interop.py
     says why neither changes the maths): flex attention by speculators' own dense ("eager") path
     over the same mask function, and its random choice of (anchor, depth) rows by all of them."""
-    spec = dict(SPECS["peagle"], hidden_size=target.hidden_size, draft_vocab_size=draft_vocab_size, embedding=embedding)
-    speculator, out = exported(tmp_path, target, "peagle", spec=spec)
+    spec = dict(SPECS["peagle"], hidden_size=target.hidden_size, draft_vocab_size=draft_vocab_size, embedding=embedding,
+                norm_before_fc=norm_before_fc)
+    speculator, out = exported(tmp_path, target, "peagle", spec=spec,
+                               prepare=random_input_norm if norm_before_fc else None)
     model = load_in_speculators(out)
     assert type(model).__name__ == "PEagleDraftModel" and model.mask_token_id == 5
+    assert (model.input_norm is not None) is norm_before_fc
     assert model.config.embed_requires_grad is (embedding == "trained")
     assert torch.equal(model.mask_hidden, speculator.mask_hidden)
     assert torch.equal(model.embed_tokens.weight, speculator.embed_tokens.weight)
@@ -158,7 +166,7 @@ def test_peagle_loads_in_speculators_and_computes_speclabs_block(tmp_path, targe
     assert diff < ATOL and agree == 1.0
 
 
-def _speculators_model(kind: str, target, draft_vocab_size: int, verifier: str):
+def _speculators_model(kind: str, target, draft_vocab_size: int, verifier: str, norm_before_fc: bool = False):
     """A model speculators' own class builds and initialises (random norms too, so mixing two up
     shows), as its training would start: EAGLE-3.1 for eagle3, a block of 4 for peagle."""
     from speculators.config import SpeculatorsConfig, VerifierConfig
@@ -173,6 +181,7 @@ def _speculators_model(kind: str, target, draft_vocab_size: int, verifier: str):
     layer._attn_implementation = "eager"
     common = dict(transformer_layer_config=layer, draft_vocab_size=draft_vocab_size or target.vocab_size,
                   target_hidden_size=target.hidden_size, eagle_aux_hidden_state_layer_ids=[1, 2, 3],
+                  norm_before_fc=norm_before_fc,
                   speculators_config=SpeculatorsConfig(
                       algorithm=kind, proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=4)],
                       default_proposal_method="greedy",
@@ -197,13 +206,17 @@ def _speculators_model(kind: str, target, draft_vocab_size: int, verifier: str):
     return model
 
 
+@pytest.mark.parametrize("norm_before_fc", [False, True])  # True: speculators' trainer default for eagle3
 @pytest.mark.parametrize("kind", ["eagle3", "peagle"])
 @pytest.mark.parametrize("draft_vocab_size", [0, 100])
-def test_a_model_speculators_saved_loads_into_speclab_with_its_logits(tmp_path, target, kind, draft_vocab_size):
+def test_a_model_speculators_saved_loads_into_speclab_with_its_logits(tmp_path, target, kind, draft_vocab_size,
+                                                                     norm_before_fc):
     target.model.save_pretrained(tmp_path / "verifier")  # speculators' from_pretrained reads its verifier's config
-    _speculators_model(kind, target, draft_vocab_size, str(tmp_path / "verifier")).save_pretrained(tmp_path / "saved")
+    _speculators_model(kind, target, draft_vocab_size, str(tmp_path / "verifier"),
+                       norm_before_fc).save_pretrained(tmp_path / "saved")
     speculator = load_checkpoint(tmp_path / "saved", TargetInfo.of(target))
     assert speculator.family == kind and speculator.target_layer_ids == (1, 2, 3)
+    assert speculator.config.norm_before_fc is norm_before_fc
     assert speculator.config.norm_output if kind == "eagle3" else speculator.mask_token_id == 9
     compare = eagle3_vs_speculators if kind == "eagle3" else peagle_vs_speculators
     diff, agree = compare(speculator, tmp_path / "saved", target)
