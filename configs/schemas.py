@@ -92,18 +92,26 @@ def source_fields(module: str, name: str) -> list[Field]:
 
 def _base_fields(module: str, tree: ast.Module, cls: ast.ClassDef) -> list[Field]:
     """The fields a dataclass inherits (dspark's config extends dflash's): each base class read
-    from this module's source, or from the sibling module it is imported from."""
+    from this module's source, or from the sibling module it is imported from. In dataclasses'
+    order: the last base's fields first (eagle3's config has two bases)."""
     fields: list[Field] = []
-    for base in cls.bases:
+    for base in reversed(cls.bases):
         if not isinstance(base, ast.Name):
             continue
         if any(isinstance(n, ast.ClassDef) and n.name == base.id for n in tree.body):
-            fields += source_fields(module, base.id)
-            continue
-        for node in tree.body:
-            if isinstance(node, ast.ImportFrom) and any(a.name == base.id for a in node.names):
-                package = module.rsplit(".", node.level)[0] if node.level else ""
-                fields += source_fields(f"{package}.{node.module}" if package else node.module, base.id)
+            inherited = source_fields(module, base.id)
+        else:
+            inherited = []
+            for node in tree.body:
+                if isinstance(node, ast.ImportFrom) and any(a.name == base.id for a in node.names):
+                    package = module.rsplit(".", node.level)[0] if node.level else ""
+                    inherited = source_fields(f"{package}.{node.module}" if package else node.module, base.id)
+        for field in inherited:  # a field two bases declare keeps its first place, as dataclasses order it
+            names = [f[0] for f in fields]
+            if field[0] in names:
+                fields[names.index(field[0])] = field
+            else:
+                fields.append(field)
     return fields
 
 
