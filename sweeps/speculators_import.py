@@ -143,6 +143,14 @@ def _int(section: dict, key: str, path: Path) -> int:
     return value
 
 
+def _flag(section: dict, key: str) -> bool:
+    """A true/false option (absent: false); a string such as "false" is refused, not read as true."""
+    value = section.get(key, False)
+    if not isinstance(value, bool):
+        raise ValueError(f"speculators config.json field {key!r} must be true or false, not {value!r}")
+    return value
+
+
 # --- eagle3 and peagle ---------------------------------------------------------------------
 
 def _eagle(path: Path, config: dict, target: TargetInfo) -> Speculator:
@@ -193,9 +201,9 @@ def _params(config: dict, kind: str, target: TargetInfo) -> dict:
                   rope_theta=float(rope.get("rope_theta", tl.get("rope_theta", 10000.0))),
                   draft_vocab_size=0 if draft_vocab == vocab else draft_vocab,
                   embedding="trained" if config.get("embed_requires_grad", kind == "peagle") else "frozen",
-                  norm_before_fc=bool(config.get("norm_before_fc", False)))
+                  norm_before_fc=_flag(config, "norm_before_fc"))
     if kind == "eagle3":
-        return dict(params, norm_output=bool(config.get("norm_output", False)))
+        return dict(params, norm_output=_flag(config, "norm_output"))
     # norm_output is ignored, as speculators' PEagleDraftModel ignores it: nothing is fed back
     proposals = (config.get("speculators_config") or {}).get("proposal_methods") or [{}]
     return dict(params, block_size=int(proposals[0].get("speculative_tokens", 8)),

@@ -232,6 +232,9 @@ def test_a_speculators_checkpoint_asking_for_other_maths_is_refused_naming_it(tm
         load_checkpoint(tmp_path / "saved", TargetInfo.of(target))
     with pytest.raises(ValueError, match="pass the live target"):
         load_checkpoint(tmp_path / "saved")
+    (tmp_path / "saved" / "config.json").write_text(json.dumps(dict(config, norm_before_fc="false")))
+    with pytest.raises(ValueError, match="'norm_before_fc' must be true or false, not 'false'"):
+        load_checkpoint(tmp_path / "saved", TargetInfo.of(target))
 
 
 def test_a_narrower_eagle3_is_shaped_for_vllm_but_speculators_cannot_load_it(tmp_path, target):
