@@ -81,13 +81,18 @@ def source_fields(module: str, name: str) -> list[Field]:
             if annotation.startswith("ClassVar"):
                 continue
             kind = PLAIN.get(annotation, str if annotation.startswith("Literal[") or annotation in literals else Any)
-            field = (node.target.id, kind, _default(node.value))
-            names = [f[0] for f in fields]  # a redeclared field keeps its base's place, as dataclasses order it
-            if field[0] in names:
-                fields[names.index(field[0])] = field
-            else:
-                fields.append(field)
+            _declare(fields, (node.target.id, kind, _default(node.value)))
     return fields
+
+
+def _declare(fields: list[Field], field: Field) -> None:
+    """Add `field`, or replace one of its name in place: a field declared again (by the class or
+    by a second base) keeps its first place, as dataclasses order it."""
+    names = [f[0] for f in fields]
+    if field[0] in names:
+        fields[names.index(field[0])] = field
+    else:
+        fields.append(field)
 
 
 def _base_fields(module: str, tree: ast.Module, cls: ast.ClassDef) -> list[Field]:
@@ -106,12 +111,8 @@ def _base_fields(module: str, tree: ast.Module, cls: ast.ClassDef) -> list[Field
                 if isinstance(node, ast.ImportFrom) and any(a.name == base.id for a in node.names):
                     package = module.rsplit(".", node.level)[0] if node.level else ""
                     inherited = source_fields(f"{package}.{node.module}" if package else node.module, base.id)
-        for field in inherited:  # a field two bases declare keeps its first place, as dataclasses order it
-            names = [f[0] for f in fields]
-            if field[0] in names:
-                fields[names.index(field[0])] = field
-            else:
-                fields.append(field)
+        for field in inherited:
+            _declare(fields, field)
     return fields
 
 
