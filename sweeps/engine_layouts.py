@@ -97,7 +97,9 @@ def eagle3_refusals(speculator: Speculator, engine: str) -> list[str]:
     order (all of them); SGLang's and TensorRT-LLM's layer ids count decoder-layer outputs (id
     i - 1 names speclab's i), so the embeddings (speclab's 0) cannot be named; both replace the
     draft's embedding by the target's when the draft is as wide as the target; SGLang's later
-    layers restart the residual stream."""
+    layers restart the residual stream. Of EAGLE-3.1's options SGLang runs neither, llama.cpp only
+    norm_before_fc (its graph always carries the pre-norm state), TensorRT-LLM both, vLLM both
+    (norm_output from a release with its PR #46488: docs/serving.md)."""
     c = speculator.config
     L, ids = speculator.target_info.num_layers, list(speculator.target_layer_ids)
     out = []
@@ -116,6 +118,14 @@ def eagle3_refusals(speculator: Speculator, engine: str) -> list[str]:
         if c.hidden_size == speculator.target_info.hidden_size and c.embedding == "trained":
             out.append(f"{engine} replaces the draft's token embedding by the target's when the draft is as wide "
                        "as the target, and this draft trained its own (embedding=trained)")
+    if engine in ("SGLang", "llama.cpp") and getattr(c, "norm_output", False):
+        where = ("models/llama_eagle3.py hands on the hidden state before its final norm" if engine == "SGLang"
+                 else "src/models/eagle3.cpp outputs t_h_nextn before output_norm")
+        out.append(f"{engine}'s EAGLE-3 carries the pre-norm state to the next drafted step ({where}); this draft "
+                   "is EAGLE-3.1 (norm_output), which carries the final norm's output")
+    if engine == "SGLang" and c.norm_before_fc:
+        out.append("SGLang's EAGLE-3 has no norm over the fused target layers before fc (its loader skips "
+                   "input_norm.weight without a word); this draft has norm_before_fc")
     if engine == "llama.cpp" and c.num_layers > 1:
         out.append("llama.cpp's EAGLE-3 has one decoder layer (its converter takes a draft of num_hidden_layers 1, "
                    f"its graph asserts n_layer == 1); this draft has {c.num_layers}")
@@ -358,8 +368,10 @@ def eagle3_llama_config(speculator: Speculator, architecture: str) -> dict:
         "vocab_size": target.vocab_size,
         "draft_vocab_size": speculator.vocab.size,
         "target_hidden_size": target.hidden_size,
+        # TensorRT-LLM's Eagle3DraftModel reads both EAGLE-3.1 options (SGLang's reads neither: eagle3_refusals)
+        "norm_output": c.norm_output,
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in speculator.target_layer_ids],
-                         "use_aux_hidden_state": True},
+                         "use_aux_hidden_state": True, "norm_before_fc": c.norm_before_fc},
         "torch_dtype": _dtype_name(speculator),
     }
 

@@ -21,7 +21,11 @@ As each engine does it:
   the residual is the un-normed hidden; RMSNorm(x, residual) adds first; later TensorRT-LLM layers
   add the residual back in and norm it with hidden_norm; SGLang's later layers start their
   residual from the previous layer's MLP output (a quirk the export refuses); logits =
-  lm_head(norm(h + residual)) over the draft vocabulary, the carried hidden is h + residual (pre-norm).
+  lm_head(norm(h + residual)) over the draft vocabulary, the carried hidden is h + residual (pre-norm);
+- TensorRT-LLM's EAGLE-3.1 options (Eagle3DraftModel): eagle_config.norm_before_fc norms the
+  captured layers with model.input_norm before fc (apply_eagle3_fc), and the config's norm_output
+  (or eagle_config.return_hidden_post_norm) carries norm(h + residual) instead. SGLang's
+  llama_eagle3.py has neither (the export refuses both there).
 
 Drafting is driven as the engine drafts (its KV cache of committed positions, then a chain):
 step p after committed position t reads token x_{t+1+p} at position t + p, attends to step 0's
@@ -68,6 +72,8 @@ class EngineEagle3:
         self.N = config.get("draft_vocab_size") or self.V
         self.params: dict[str, torch.Tensor] = {}
         self.embed: torch.Tensor | None = None
+        self.input_norm = False  # a norm over the fused target layers before fc (TensorRT-LLM's norm_before_fc)
+        self.carry_post_norm = False  # the next step reads the final norm's output (TensorRT-LLM's norm_output)
 
     def _layer_params(self, prefix: str, first: bool, input_norm: bool) -> dict[str, tuple]:
         d_in = 2 * self.D if first else self.D
@@ -174,14 +180,16 @@ class EngineEagle3:
         raise NotImplementedError
 
     def fc(self, features: torch.Tensor) -> torch.Tensor:
+        if self.input_norm:
+            features = self.norm("model.input_norm.weight", features)
         return self.linear("model.fc.weight", features)
 
     def step(self, tokens, hidden, positions, cache, step) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (draft logits [T, N], the carried hidden [T, D] (pre-norm))."""
+        """-> (draft logits [T, N], the carried hidden [T, D]: pre-norm, or the norm's output)."""
         embeds = self.embed[tokens]
         out, residual = self.body(embeds, hidden, positions, cache, step)
-        carried = out + residual
-        return self.linear("lm_head.weight", self.norm("model.norm.weight", carried)), carried
+        normed = self.norm("model.norm.weight", out + residual)
+        return self.linear("lm_head.weight", normed), normed if self.carry_post_norm else out + residual
 
 
 class SGLangEagle3(EngineEagle3):
@@ -235,9 +243,16 @@ class TRTLLMEagle3(EngineEagle3):
         path = Path(path)
         config = json.loads((path / "config.json").read_text())
         model = cls(config)
+        # Eagle3DraftModel: _norm_before_fc from eagle_config, _return_hidden_post_norm from eagle_config's
+        # return_hidden_post_norm or the config's norm_output
+        eagle_config = config.get("eagle_config", {})
+        model.input_norm = bool(eagle_config.get("norm_before_fc", False))
+        model.carry_post_norm = bool(eagle_config.get("return_hidden_post_norm", False) or config.get("norm_output", False))
         mid = ["model.midlayer"] if model.L == 1 else [f"model.midlayer.{i}" for i in range(model.L)]
         shapes = {"model.fc.weight": (model.D, 3 * model.H), "model.norm.weight": (model.D,),
                   "lm_head.weight": (model.N, model.D)}
+        if model.input_norm:
+            shapes["model.input_norm.weight"] = (3 * model.H,)
         for i, prefix in enumerate(mid):  # next_layer_regular: only the first reads [embeds; hidden]
             shapes.update(model._layer_params(prefix, first=i == 0, input_norm=i == 0))
         if model.H != model.D:

@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 from eagle3_engine_oracles import ORACLES, SGLangEagle3, TRTLLMEagle3, engine_draft_logits
-from interop import T
+from interop import T, random_input_norm
 from test_export_layouts import SPECS, exported, tensor_names
 
 from speclab.speculator.target.builders import tiny_llama
@@ -54,6 +54,31 @@ def test_eagle3_runs_in_the_engines_maths_as_in_speclabs(tmp_path, target, layou
     assert json.loads((out / "export.json").read_text())["layout"] == layout
     diff, agree, same_ids = oracle_vs_speclab(layout, speculator, out, target)
     assert diff < ATOL and agree == 1.0 and same_ids
+
+
+EAGLE3_1 = {"norm-output": dict(SPECS["eagle3"], norm_output=True),
+            "norm-before-fc": dict(SPECS["eagle3"], norm_before_fc=True),
+            "both": dict(SPECS["eagle3"], norm_output=True, norm_before_fc=True)}
+
+
+@pytest.mark.parametrize("spec", EAGLE3_1.values(), ids=EAGLE3_1.keys())
+def test_trtllm_runs_eagle3_1_as_speclab_does(tmp_path, target, spec):
+    """TensorRT-LLM reads norm_output and eagle_config.norm_before_fc; the export writes both. The
+    input norm's weight is made random first, so a norm that is not loaded or not applied shows."""
+    prepare = random_input_norm if spec.get("norm_before_fc") else None
+    speculator, out = exported(tmp_path, target, "eagle3", spec=spec, engine="trtllm", prepare=prepare)
+    config = json.loads((out / "config.json").read_text())
+    assert config["norm_output"] == spec.get("norm_output", False)
+    assert config["eagle_config"]["norm_before_fc"] == spec.get("norm_before_fc", False)
+    diff, agree, same_ids = oracle_vs_speclab("trtllm_eagle3", speculator, out, target)
+    assert diff < ATOL and agree == 1.0 and same_ids
+    for key in ("norm_output", "norm_before_fc"):  # control: the engine told the other way computes something else
+        if spec.get(key):
+            flipped = json.loads(json.dumps(config))
+            (flipped if key == "norm_output" else flipped["eagle_config"])[key] = False
+            (out / "config.json").write_text(json.dumps(flipped))
+            assert oracle_vs_speclab("trtllm_eagle3", speculator, out, target)[0] > 1e-3
+    (out / "config.json").write_text(json.dumps(config))
 
 
 def test_trtllm_runs_a_draft_of_several_layers(tmp_path, target):
@@ -124,6 +149,16 @@ def test_a_trained_embedding_as_wide_as_the_target_is_refused(tmp_path, target, 
     manifest = json.loads((out / "export.json").read_text())
     assert manifest["layout"] == "speclab" and manifest["engine"] == engine
     assert "replaces the draft's token embedding by the target's" in manifest["not_servable"][0]
+
+
+@pytest.mark.parametrize("spec, reason", [
+    (EAGLE3_1["norm-output"], "carries the pre-norm state to the next drafted step"),
+    (EAGLE3_1["norm-before-fc"], "no norm over the fused target layers before fc"),
+], ids=["norm-output", "norm-before-fc"])
+def test_sglang_refuses_eagle3_1(tmp_path, target, spec, reason):
+    _, out = exported(tmp_path, target, "eagle3", spec=spec, engine="sglang")
+    manifest = json.loads((out / "export.json").read_text())
+    assert manifest["layout"] == "speclab" and any(reason in line for line in manifest["not_servable"])
 
 
 def test_sglang_refuses_several_layers(tmp_path, target):

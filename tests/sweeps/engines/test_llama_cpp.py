@@ -8,7 +8,10 @@ The decoding tests need the engine built (`speclab engine build llama.cpp`, abou
 import io
 import json
 import os
+import subprocess
+import sys
 import tarfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -127,15 +130,25 @@ def test_a_draft_of_several_layers_is_refused_for_llama_cpp(tmp_path, monkeypatc
     assert manifest["layout"] == "speclab" and "llama.cpp's EAGLE-3 has one decoder layer" in manifest["not_servable"][0]
 
 
+def test_eagle3_1_is_refused_for_llama_cpp(tmp_path, monkeypatch):
+    """llama.cpp's EAGLE-3 reads norm_before_fc but carries the pre-norm state, so norm_output is refused."""
+    monkeypatch.setenv("SPECLAB_CACHE", str(tmp_path / "cache"))  # refused before the engine is needed
+    _, out = exported(tmp_path, tiny_llama(seed=0, num_layers=4), "eagle3",
+                      spec=dict(SPECS["eagle3"], norm_output=True), engine="llama.cpp")
+    manifest = json.loads((out / "export.json").read_text())
+    assert manifest["layout"] == "speclab"
+    assert any("llama.cpp's EAGLE-3 carries the pre-norm state" in line for line in manifest["not_servable"])
+
+
 # --- decoding with the export ----------------------------------------------------------------
 
 
-def smollm2_export(tmp_path, family="eagle3", info=SMOLLM2_INFO):
-    """A SmolLM2 draft of `family` (8,192-token draft vocabulary, random weights) exported for
-    llama.cpp; `info` is the live target's where the family drafts through its tensors."""
+def smollm2_export(tmp_path, family="eagle3", info=SMOLLM2_INFO, **options):
+    """A SmolLM2 draft of `family` (8,192-token draft vocabulary, random weights, config `options`)
+    exported for llama.cpp; `info` is the live target's where the family drafts through its tensors."""
     torch.manual_seed(0)
     counts = torch.randperm(SMOLLM2_INFO.vocab_size, generator=torch.Generator().manual_seed(1)).float()
-    speculator = build_speculator(family, {"draft_vocab_size": 8192}, info.with_counts(counts))
+    speculator = build_speculator(family, {"draft_vocab_size": 8192, **options}, info.with_counts(counts))
     runs = tmp_path / "runs"
     speculator.save(runs / "run" / "checkpoints" / "speculator", extra={"target_config": SMOLLM2})
     make_run(runs, "run", family=family, params=speculator.num_params(), checkpoint="checkpoints/speculator",
@@ -152,11 +165,27 @@ def decode_both(engine, target_gguf, draft_args):
     return plain, spec
 
 
+def gguf_fields(engine, gguf: Path) -> dict:
+    """{"keys": {name: value} of scalar metadata, "tensors": [names]}, read by the tree's own gguf-py."""
+    script = ("import json, sys; from gguf import GGUFReader; r = GGUFReader(sys.argv[1]); "
+              "print(json.dumps({'keys': {f.name: f.contents() for f in r.fields.values() if len(f.data) == 1}, "
+              "'tensors': [t.name for t in r.tensors]}, default=str))")
+    done = subprocess.run([sys.executable, "-c", script, str(gguf)], env=engine.converter_env(),
+                          capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
+
+
 @pytest.mark.slow
-def test_llama_cpp_decodes_smollm2_with_the_exported_eagle3_losslessly(tmp_path, engine):
-    speculator, out = smollm2_export(tmp_path)
+@pytest.mark.parametrize("norm_before_fc", [False, True], ids=["eagle3", "norm-before-fc"])
+def test_llama_cpp_decodes_smollm2_with_the_exported_eagle3_losslessly(tmp_path, engine, norm_before_fc):
+    """With norm_before_fc (which llama.cpp's EAGLE-3 reads) the converted draft carries the norm's
+    key and weight: its encoder norms the fused target layers before fc."""
+    speculator, out = smollm2_export(tmp_path, norm_before_fc=norm_before_fc)
     assert json.loads((out / "export.json").read_text())["layout"] == "llama_cpp_eagle3"
     served = json.loads((out / "llama_cpp.json").read_text())
+    gguf = gguf_fields(engine, out / served["draft"])
+    assert gguf["keys"]["eagle3.norm_before_fc"] is norm_before_fc
+    assert ("enc.output_norm.weight" in gguf["tensors"]) is norm_before_fc
     assert served["spec_type"] == "draft-eagle3" and "--spec-type draft-eagle3" in served["serve"]
     plain, spec = decode_both(engine, served["target_gguf"],
                               llama_cpp.draft_args(out / served["draft"], served["spec_type"], K))
