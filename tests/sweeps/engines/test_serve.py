@@ -63,6 +63,9 @@ def test_export_ends_with_how_to_serve_it_or_why_it_cannot(tmp_path, capsys):
     assert serve.serve_hint(out).endswith(f"serve {out}")
     _, out = exported(tmp_path / "b", target, "eagle3", spec=dict(SPECS["eagle3"], num_layers=2))
     assert "llama.cpp cannot serve it as measured: llama.cpp's EAGLE-3 has one decoder layer" in serve.serve_hint(out)
+    _, out = exported(tmp_path / "e", target, "eagle3", spec=dict(SPECS["eagle3"], norm_output=True))
+    assert json.loads((out / "export.json").read_text())["layout"] == "speculators_eagle3"  # vLLM's: EAGLE-3.1
+    assert "llama.cpp's EAGLE-3 carries the pre-norm state" in serve.serve_hint(out)
     _, out = exported(tmp_path / "c", target, "mlp")
     assert serve.serve_hint(out) is None  # llama.cpp has no layout for the family: nothing to say here
     assert main(["export", "--best", "--runs", str(tmp_path / "a" / "runs"), "--out", str(tmp_path / "d")]) == 0
