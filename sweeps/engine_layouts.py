@@ -34,6 +34,10 @@ EAGLE3_AUX_LAYERS = VLLM_EAGLE3_AUX_LAYERS  # as do SGLang's, TensorRT-LLM's (by
 # EAGLE-3 layout -> the engine that serves it (named in its refusals)
 EAGLE3_ENGINES = {"speculators_eagle3": "vLLM", "sglang_eagle3": "SGLang", "trtllm_eagle3": "TensorRT-LLM",
                   "llama_cpp_eagle3": "llama.cpp"}
+# Engines whose EAGLE-3 hands the next drafted step the state before the final norm (no EAGLE-3.1
+# norm_output), and where their source does it
+PRE_NORM_CARRY = {"SGLang": "models/llama_eagle3.py hands on the hidden state before its final norm",
+                  "llama.cpp": "src/models/eagle3.cpp outputs t_h_nextn before output_norm"}
 # A rope table size only: SGLang and TensorRT-LLM read it from the draft's config, and it covers the targets' contexts
 DRAFT_MAX_POSITIONS = 32768
 
@@ -118,11 +122,9 @@ def eagle3_refusals(speculator: Speculator, engine: str) -> list[str]:
         if c.hidden_size == speculator.target_info.hidden_size and c.embedding == "trained":
             out.append(f"{engine} replaces the draft's token embedding by the target's when the draft is as wide "
                        "as the target, and this draft trained its own (embedding=trained)")
-    if engine in ("SGLang", "llama.cpp") and getattr(c, "norm_output", False):
-        where = ("models/llama_eagle3.py hands on the hidden state before its final norm" if engine == "SGLang"
-                 else "src/models/eagle3.cpp outputs t_h_nextn before output_norm")
-        out.append(f"{engine}'s EAGLE-3 carries the pre-norm state to the next drafted step ({where}); this draft "
-                   "is EAGLE-3.1 (norm_output), which carries the final norm's output")
+    if engine in PRE_NORM_CARRY and getattr(c, "norm_output", False):  # peagle's config has no norm_output
+        out.append(f"{engine}'s EAGLE-3 carries the pre-norm state to the next drafted step ({PRE_NORM_CARRY[engine]}); "
+                   "this draft is EAGLE-3.1 (norm_output), which carries the final norm's output")
     if engine == "SGLang" and c.norm_before_fc:
         out.append("SGLang's EAGLE-3 has no norm over the fused target layers before fc (its loader skips "
                    "input_norm.weight without a word); this draft has norm_before_fc")

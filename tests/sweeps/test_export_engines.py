@@ -78,7 +78,6 @@ def test_trtllm_runs_eagle3_1_as_speclab_does(tmp_path, target, spec):
             (flipped if key == "norm_output" else flipped["eagle_config"])[key] = False
             (out / "config.json").write_text(json.dumps(flipped))
             assert oracle_vs_speclab("trtllm_eagle3", speculator, out, target)[0] > 1e-3
-    (out / "config.json").write_text(json.dumps(config))
 
 
 def test_trtllm_runs_a_draft_of_several_layers(tmp_path, target):
