@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from speclab.configs.schemas import FAMILIES, SOURCES, source_fields
 from speclab.speculator.renamed import check_renamed
+from speclab.training.warm_start import check_family
 
 
 class ConfigRangeError(ValueError):
@@ -116,6 +117,12 @@ def check_config(cfg: DictConfig) -> None:
     if strategy == "fsdp" and not str(device).startswith("cuda"):  # torch's FSDP shards on accelerators only
         raise ConfigRangeError(f"invalid config: training.strategy=fsdp needs target.device=cuda (got {device!r}); "
                                "CPU processes train data-parallel with training.strategy=ddp")
+    init_from, family = OmegaConf.select(cfg, "training.init_from", default=None), OmegaConf.select(cfg, "speculator.family", default=None)
+    if init_from and family:  # a missing or mismatched start fails here, not after the data build
+        try:
+            check_family(init_from, family)
+        except (OSError, ValueError) as exc:
+            raise ConfigRangeError(f"invalid config: {exc}") from None
     window = OmegaConf.select(cfg, "training.watchdog.window", default=None)
     min_window = OmegaConf.select(cfg, "training.watchdog.min_window", default=None)
     if window is not None and min_window is not None and min_window > window:

@@ -27,9 +27,18 @@ log = logging.getLogger(__name__)
 LOCATION_KEYS = frozenset({"runs_dir", "run_name", "resume", "wandb", "hydra"})
 
 
+# Training keys added after runs existed, left out of the hash while unset (null), so a
+# run from before a key was added keeps its identity and is still found when resumed.
+LATER_TRAINING_KEYS = frozenset({"init_from"})
+
+
 def config_hash(config: Mapping[str, Any]) -> str:
     """sha256 of the resolved config (a plain dict), location keys excluded, keys sorted."""
     kept = {key: value for key, value in config.items() if key not in LOCATION_KEYS}
+    training = kept.get("training")
+    if isinstance(training, Mapping):
+        kept["training"] = {key: value for key, value in training.items()
+                            if not (key in LATER_TRAINING_KEYS and value is None)}
     text = json.dumps(kept, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
