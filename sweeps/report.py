@@ -300,6 +300,7 @@ TABLES: dict[str, tuple[str, Callable[[list[dict]], str]]] = {
     "eagle3-1-1m": ("docs/records/eagle3_1_1m.csv", printout),
     "eagle3-1-1m-bench": ("docs/records/eagle3_1_1m_bench.csv", repeated),
     "eagle3-1-1m-epoch3-bench": ("docs/records/eagle3_1_1m_epoch3_bench.csv", repeated),
+    "eagle3-1-1m-epoch4-bench": ("docs/records/eagle3_1_1m_epoch4_bench.csv", repeated),
     "eagle3-1-100k-bench": ("docs/records/eagle3_1_100k_bench.csv", repeated),
     "eagle3-1-100k-lr-bench": ("docs/records/eagle3_1_100k_lr_bench.csv", repeated),
     "runtime": ("docs/records/runtime.csv", runtime),
