@@ -11,7 +11,8 @@ own checkpoints without reading PATH again (it may have moved meanwhile).
 The saved config.json is data from a stranger: only its family and target sizes are
 compared, as strings and numbers; nothing in it is built. The architecture is checked by the
 weights themselves: every tensor the configured speculator has must be in the file with the
-same shape, and the file may hold nothing else, so a warm start never half-loads a model.
+same shape, and the file may hold nothing else; a mismatch fails the run before its first
+step, naming the tensors.
 """
 
 from __future__ import annotations
