@@ -37,7 +37,7 @@ from speclab.training.shards import shard_plan
 from speclab.training.supervisor import CHECKPOINTS, SupervisorConfig, supervise
 from speclab.training.ranks import configured_world_size
 from speclab.training.train import fit
-from speclab.training.warm_start import describe_start, warm_start
+from speclab.training.warm_start import begin_warm, recorded_start
 from speclab.training.loggers import log_final
 
 from .doctor import prepare_machine
@@ -122,7 +122,7 @@ def train_attempt(config: dict, run_dir: str) -> dict:
     prep = prepare(cfg)
     speculator = new_speculator(cfg, prep.target, prep.token_counts)
     if cfg.training.get("init_from") and not complete_steps(Path(run_dir) / CHECKPOINTS):
-        warm_start(speculator, cfg.training.init_from)  # a fresh run: its step 0 is these weights
+        begin_warm(speculator, cfg.training.init_from, run_dir)  # a fresh run: its step 0 is these weights
     seed_everything(cfg.seed)
     return fit(speculator, prep.target, prep.dataset, cfg.training, Path(run_dir), cfg.seed, faults=cfg.faults,
                config=config)
@@ -291,11 +291,11 @@ def trained(cfg: DictConfig, run_dir: Path, result: dict) -> tuple[FrozenTarget,
     # loaded again for scoring (the conversion is cached; a seeded target rebuilds equal).
     del prep, speculator
     release_memory()
-    start = describe_start(cfg.training.init_from) if cfg.training.get("init_from") else None
     seed_everything(cfg.seed)
     outcome = supervise(train_attempt, (result["config"], str(run_dir)), run_dir,
                         SupervisorConfig(**result["config"]["training"]["supervisor"]),
                         configured_world_size(cfg.training))
+    start = recorded_start(run_dir) if cfg.training.get("init_from") else None
     result["train"] = {**outcome.train, "init_from": start} if start else outcome.train
     outcome.raise_if_failed()
     target: FrozenTarget = instantiate(cfg.target)

@@ -6,7 +6,9 @@ step. The optimizer, the learning-rate schedule (warm-up, then cosine) and the d
 start fresh: a run trained for two epochs goes on for a third as a run of its own, with its
 own config hash and directory, and the first run is left as it was. Exact resume is
 unchanged: a warm run saves its starting weights as step 0, and a restart resumes from its
-own checkpoints without reading PATH again (it may have moved meanwhile).
+own checkpoints without reading PATH again (it may have moved meanwhile). What it started
+from is written beside them when the weights load (`START_FILE`), so result.json records it
+whichever attempt finishes the run.
 
 The saved config.json is data from a stranger: only its family and target sizes are
 compared, as strings and numbers; nothing in it is built. The architecture is checked by the
@@ -26,6 +28,7 @@ if TYPE_CHECKING:  # torch loads only when weights do: the config check reads th
     from speclab.speculator.base import Speculator
 
 RUN_SPECULATOR = Path("checkpoints") / "speculator"  # where a completed run keeps its weights
+START_FILE = "init_from.json"  # in the warm run's directory: the directory and sha256 it started from
 
 
 def saved_speculator_dir(path: str | Path) -> Path:
@@ -81,3 +84,19 @@ def warm_start(speculator: Speculator, path: str | Path) -> None:
     except Exception as exc:  # a missing or extra tensor, a shape, a truncated file
         raise ValueError(f"training.init_from: {weights} does not fit this run's {speculator.family} speculator "
                          f"(its config must build the same tensors): {exc}") from exc
+
+
+def begin_warm(speculator: Speculator, path: str | Path, run_dir: str | Path) -> None:
+    """A fresh warm run's start: the weights loaded, and what they were written to run_dir."""
+    from .checkpoint import write_json_atomic
+    from .ranks import is_writer
+
+    warm_start(speculator, path)
+    if is_writer():
+        write_json_atomic(Path(run_dir) / START_FILE, describe_start(path))
+
+
+def recorded_start(run_dir: str | Path) -> dict | None:
+    """What a warm run started from (`begin_warm`'s record), or None for a run that did not."""
+    record = Path(run_dir) / START_FILE
+    return json.loads(record.read_text()) if record.is_file() else None

@@ -112,11 +112,12 @@ def test_the_config_check_refuses_a_bad_start_before_any_work(saved, tmp_path):
 
 def test_a_warm_run_starts_from_the_saved_weights_and_resumes_from_its_own(tmp_path, monkeypatch):
     """A tiny mlp run trains 2 steps; a second run warm-started from it saves exactly those
-    weights as its step 0 and records where they came from; restarted after losing its last
-    checkpoint, with the first run gone, it resumes from its own step 0 and ends equal."""
+    weights as its step 0 and records where they came from; run again after losing its last
+    checkpoint, with the first run gone, it resumes from its own step 0, ends equal and keeps
+    the record."""
     monkeypatch.setenv("SPECLAB_CACHE", str(tmp_path / "cache"))
-    common = ["training.max_steps=2", "data.num_prompts=8", "data.max_response_tokens=16", "data.heldout_size=1",
-              "eval.max_new_tokens=4", "eval.humaneval_prompts=1", "eval.heldout_prompts=0",
+    common = ["training.max_steps=2", "training.precision=fp32", "data.num_prompts=8", "data.max_response_tokens=16",
+              "data.heldout_size=1", "eval.max_new_tokens=4", "eval.humaneval_prompts=1", "eval.heldout_prompts=0",
               f"runs_dir={tmp_path / 'runs'}"]
     first, second = tmp_path / "runs" / "first", tmp_path / "runs" / "second"
     for run in (first, second):
@@ -125,11 +126,12 @@ def test_a_warm_run_starts_from_the_saved_weights_and_resumes_from_its_own(tmp_p
     saved = first / "checkpoints" / "speculator"
     target = instantiate(OmegaConf.create(tiny_config(*common)).target)
     source = load_speculator(saved, TargetInfo.of(target)).state_dict()
+    started = describe_start(first)
 
-    config = tiny_config(*common, f"training.init_from={first}")
-    result = experiment.run_experiment(OmegaConf.create(config), second)
+    config = OmegaConf.create(tiny_config(*common, f"training.init_from={first}"))
+    result = experiment.run_experiment(config, second)
     assert result["status"] == "completed" and result["train"]["steps"] == 2
-    assert result["train"]["init_from"] == describe_start(first)
+    assert result["train"]["init_from"] == started
     store = CheckpointStore(second / "checkpoints", CheckpointConfig())
     start, end = store.load(0)["model"], store.load(2)["model"]
     assert start.keys() == source.keys() and all(torch.equal(start[k], source[k]) for k in source)
@@ -139,6 +141,7 @@ def test_a_warm_run_starts_from_the_saved_weights_and_resumes_from_its_own(tmp_p
     for step in complete_steps(second / "checkpoints"):
         if step > 0:
             shutil.rmtree(second / "checkpoints" / step_dir_name(step))
-    assert experiment.train_attempt(config, str(second))["steps"] == 2
-    again = store.load(2)["model"]
-    assert all(torch.equal(again[k], end[k]) for k in end)
+    again = experiment.run_experiment(config, second)
+    assert again["status"] == "completed" and again["train"]["init_from"] == started
+    resumed = store.load(2)["model"]
+    assert all(torch.equal(resumed[k], end[k]) for k in end)
