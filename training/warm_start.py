@@ -62,7 +62,7 @@ def check_family(path: str | Path, family: str) -> Path:
 
 def describe_start(path: str | Path) -> dict:
     """What result.json records of a warm start: the speculator directory and the sha256 of
-    its weights file, read when the run begins."""
+    its weights file, read as the weights load (`begin_warm`)."""
     weights = saved_speculator_dir(path) / "model.safetensors"
     return {"path": str(weights.parent), "weights_sha256": hashlib.sha256(weights.read_bytes()).hexdigest()}
 
