@@ -18,6 +18,8 @@ from speclab.configs.schemas import FAMILIES, SOURCES, source_fields
 from speclab.speculator.renamed import check_renamed
 from speclab.training.warm_start import check_family
 
+from .results import find_speculator_checkpoint
+
 
 class ConfigRangeError(ValueError):
     """A config value outside its valid range; the message is one line naming the key."""
@@ -120,7 +122,9 @@ def check_config(cfg: DictConfig) -> None:
     init_from, family = OmegaConf.select(cfg, "training.init_from", default=None), OmegaConf.select(cfg, "speculator.family", default=None)
     if init_from and family:  # a missing or mismatched start fails here, not after the data build
         try:
-            check_family(init_from, family)
+            check_family(find_speculator_checkpoint(init_from), family)
+        except FileNotFoundError as exc:
+            raise ConfigRangeError(f"invalid config: training.init_from: {exc}") from None
         except (OSError, ValueError) as exc:
             raise ConfigRangeError(f"invalid config: {exc}") from None
     window = OmegaConf.select(cfg, "training.watchdog.window", default=None)

@@ -41,7 +41,7 @@ from speclab.training.warm_start import begin_warm, recorded_start
 from speclab.training.loggers import log_final
 
 from .doctor import prepare_machine
-from .results import new_result, one_line_error, weights_sha256, write_result
+from .results import find_speculator_checkpoint, new_result, one_line_error, weights_sha256, write_result
 
 log = logging.getLogger(__name__)
 SPECULATOR_DIR = Path("checkpoints") / "speculator"
@@ -122,7 +122,8 @@ def train_attempt(config: dict, run_dir: str) -> dict:
     prep = prepare(cfg)
     speculator = new_speculator(cfg, prep.target, prep.token_counts)
     if cfg.training.get("init_from") and not complete_steps(Path(run_dir) / CHECKPOINTS):
-        begin_warm(speculator, cfg.training.init_from, run_dir)  # a fresh run: its step 0 is these weights
+        # a fresh run: its step 0 is these weights
+        begin_warm(speculator, find_speculator_checkpoint(cfg.training.init_from), run_dir)
     seed_everything(cfg.seed)
     return fit(speculator, prep.target, prep.dataset, cfg.training, Path(run_dir), cfg.seed, faults=cfg.faults,
                config=config)

@@ -27,57 +27,46 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # torch loads only when weights do: the config check reads the directory alone
     from speclab.speculator.base import Speculator
 
-RUN_SPECULATOR = Path("checkpoints") / "speculator"  # where a completed run keeps its weights
 START_FILE = "init_from.json"  # in the warm run's directory: the directory and sha256 it started from
 
 
-def saved_speculator_dir(path: str | Path) -> Path:
-    """The speculator directory `path` names: itself, or a run directory's saved speculator."""
-    path = Path(path)
-    for candidate in (path, path / RUN_SPECULATOR):
-        if (candidate / "config.json").is_file() and (candidate / "model.safetensors").is_file():
-            return candidate
-    raise FileNotFoundError(f"training.init_from={str(path)!r}: no trained speculator there (needs config.json and "
-                            f"model.safetensors, in it or in its {RUN_SPECULATOR})")
-
-
-def saved_family(path: str | Path) -> tuple[Path, str, tuple[int, int]]:
-    """The saved speculator at `path`: its directory, family and target (vocab, hidden) sizes,
-    read from its config.json as plain values (the config check calls this before any work)."""
-    found = saved_speculator_dir(path)
+def saved_family(found: Path) -> tuple[str, tuple[int, int]]:
+    """A saved speculator directory's family and target (vocab, hidden) sizes, read from its
+    config.json as plain values (the config check calls this before any work). The directory
+    is found by the caller: a run directory is resolved by sweeps.results.find_speculator_checkpoint."""
     try:
-        meta = json.loads((found / "config.json").read_text())
-        return found, str(meta["family"]), (int(meta["target"]["vocab_size"]), int(meta["target"]["hidden_size"]))
+        meta = json.loads((Path(found) / "config.json").read_text())
+        return str(meta["family"]), (int(meta["target"]["vocab_size"]), int(meta["target"]["hidden_size"]))
     except Exception as exc:
-        raise ValueError(f"training.init_from: corrupt speculator config {found / 'config.json'}: {exc}") from exc
+        raise ValueError(f"training.init_from: corrupt speculator config {Path(found) / 'config.json'}: {exc}") from exc
 
 
-def check_family(path: str | Path, family: str) -> Path:
-    """The saved speculator's directory, if it is of `family`; else a ValueError naming both."""
-    found, saved, _ = saved_family(path)
+def check_family(found: Path, family: str) -> tuple[int, int]:
+    """The saved speculator's target sizes, if it is of `family`; else a ValueError naming both."""
+    saved, sizes = saved_family(found)
     if saved != family:
         raise ValueError(f"training.init_from: {found} holds a {saved} speculator; this run trains {family}")
-    return found
+    return sizes
 
 
-def describe_start(path: str | Path) -> dict:
+def describe_start(found: Path) -> dict:
     """What result.json records of a warm start: the speculator directory and the sha256 of
     its weights file, read as the weights load (`begin_warm`)."""
-    weights = saved_speculator_dir(path) / "model.safetensors"
-    return {"path": str(weights.parent), "weights_sha256": hashlib.sha256(weights.read_bytes()).hexdigest()}
+    weights = Path(found) / "model.safetensors"
+    return {"path": str(found), "weights_sha256": hashlib.sha256(weights.read_bytes()).hexdigest()}
 
 
-def warm_start(speculator: Speculator, path: str | Path) -> None:
-    """Load the weights saved at `path` into `speculator` in place, or raise naming why not."""
+def warm_start(speculator: Speculator, found: Path) -> None:
+    """Load the weights saved in the speculator directory `found` into `speculator` in place,
+    or raise naming why not."""
     from safetensors.torch import load_model
 
-    found = check_family(path, speculator.family)
-    _, _, sizes = saved_family(found)
+    sizes = check_family(found, speculator.family)
     info = speculator.target_info
     if sizes != (info.vocab_size, info.hidden_size):
         raise ValueError(f"training.init_from: {found} was trained for a target with vocab {sizes[0]} and hidden "
                          f"{sizes[1]}; this run's has {info.vocab_size} and {info.hidden_size}")
-    weights = found / "model.safetensors"
+    weights = Path(found) / "model.safetensors"
     first = next(speculator.parameters(), None)
     try:
         load_model(speculator, str(weights), strict=True, device=str(first.device if first is not None else "cpu"))
@@ -86,14 +75,14 @@ def warm_start(speculator: Speculator, path: str | Path) -> None:
                          f"(its config must build the same tensors): {exc}") from exc
 
 
-def begin_warm(speculator: Speculator, path: str | Path, run_dir: str | Path) -> None:
+def begin_warm(speculator: Speculator, found: Path, run_dir: str | Path) -> None:
     """A fresh warm run's start: the weights loaded, and what they were written to run_dir."""
     from .checkpoint import write_json_atomic
     from .ranks import is_writer
 
-    warm_start(speculator, path)
+    warm_start(speculator, found)
     if is_writer():
-        write_json_atomic(Path(run_dir) / START_FILE, describe_start(path))
+        write_json_atomic(Path(run_dir) / START_FILE, describe_start(found))
 
 
 def recorded_start(run_dir: str | Path) -> dict | None:

@@ -32,79 +32,70 @@ def equal_weights(a, b) -> bool:
 
 @pytest.fixture
 def saved(tmp_path):
-    """A run directory holding a trained mlp where a completed run keeps it."""
+    """A trained mlp where a completed run keeps it: (the model, the run directory, its speculator directory)."""
     source = mlp(seed=1)
-    source.save(tmp_path / "run" / "checkpoints" / "speculator")
-    return source, tmp_path / "run"
+    found = source.save(tmp_path / "run" / "checkpoints" / "speculator")
+    return source, tmp_path / "run", found
 
 
-def test_the_weights_of_a_run_directory_are_loaded_whole(saved):
-    source, run = saved
+def test_the_weights_are_loaded_whole(saved):
+    source, _, found = saved
     fresh = mlp(seed=2)
     assert not equal_weights(fresh, source)  # the check below can fail
-    warm_start(fresh, run)
+    warm_start(fresh, found)
     assert equal_weights(fresh, source)
-    weights = run / "checkpoints" / "speculator" / "model.safetensors"
-    assert describe_start(run) == {"path": str(weights.parent), "weights_sha256": hashlib.sha256(weights.read_bytes()).hexdigest()}
-
-
-def test_a_saved_speculator_directory_is_taken_as_is(saved):
-    source, run = saved
-    fresh = mlp(seed=3)
-    warm_start(fresh, run / "checkpoints" / "speculator")
-    assert equal_weights(fresh, source)
+    weights = found / "model.safetensors"
+    assert describe_start(found) == {"path": str(found),
+                                     "weights_sha256": hashlib.sha256(weights.read_bytes()).hexdigest()}
 
 
 def test_another_family_is_refused_naming_both(saved):
-    _, run = saved
-    config = run / "checkpoints" / "speculator" / "config.json"
+    _, _, found = saved
+    config = found / "config.json"
     config.write_text(json.dumps({**json.loads(config.read_text()), "family": "hydra"}))
     with pytest.raises(ValueError, match="holds a hydra speculator; this run trains mlp"):
-        warm_start(mlp(seed=2), run)
+        warm_start(mlp(seed=2), found)
 
 
 def test_another_shape_is_refused(saved):
-    _, run = saved
+    _, _, found = saved
     with pytest.raises(ValueError, match="does not fit this run's mlp speculator"):
-        warm_start(mlp(seed=4, inner_dim=32), run)
+        warm_start(mlp(seed=4, inner_dim=32), found)
 
 
 def test_another_target_is_refused(saved):
-    _, run = saved
+    _, _, found = saved
     torch.manual_seed(5)
     other = build_speculator("mlp", {"inner_dim": 16, "n_predict": 2}, TargetInfo(vocab_size=128, hidden_size=24,
                                                                                 num_layers=2))
     with pytest.raises(ValueError, match="vocab 96 and hidden 24; this run's has 128 and 24"):
-        warm_start(other, run)
-
-
-def test_a_missing_directory_is_named(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no trained speculator there"):
-        warm_start(mlp(seed=6), tmp_path / "nowhere")
+        warm_start(other, found)
 
 
 def test_damaged_files_are_refused(saved):
-    _, run = saved
-    found = run / "checkpoints" / "speculator"
+    _, _, found = saved
     weights = found / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-40])
     with pytest.raises(ValueError, match="does not fit"):
-        warm_start(mlp(seed=7), run)
+        warm_start(mlp(seed=7), found)
     (found / "config.json").write_text(json.dumps({"family": "mlp"}))  # no target
     with pytest.raises(ValueError, match="corrupt speculator config"):
-        warm_start(mlp(seed=7), run)
+        warm_start(mlp(seed=7), found)
 
 
 def test_the_config_check_refuses_a_bad_start_before_any_work(saved, tmp_path):
-    _, run = saved
+    _, run, found = saved
 
     def check(path):
         check_config(OmegaConf.create(tiny_config(f"training.init_from={path}")))
 
-    check(run)  # an mlp run from an mlp passes
-    with pytest.raises(ConfigRangeError, match="no trained speculator there"):
+    check(run)  # an mlp run from an mlp passes, given its run directory or its speculator's
+    check(found)
+    with pytest.raises(ConfigRangeError, match="training.init_from: .*nowhere is not a directory"):
         check(tmp_path / "nowhere")
-    config = run / "checkpoints" / "speculator" / "config.json"
+    with pytest.raises(ConfigRangeError, match="training.init_from: .* holds no speculator checkpoint"):
+        check(tmp_path)
+    config = found / "config.json"
     config.write_text(json.dumps({**json.loads(config.read_text()), "family": "hydra"}))
     with pytest.raises(ConfigRangeError, match="holds a hydra speculator; this run trains mlp"):
         check(run)
@@ -126,7 +117,7 @@ def test_a_warm_run_starts_from_the_saved_weights_and_resumes_from_its_own(tmp_p
     saved = first / "checkpoints" / "speculator"
     target = instantiate(OmegaConf.create(tiny_config(*common)).target)
     source = load_speculator(saved, TargetInfo.of(target)).state_dict()
-    started = describe_start(first)
+    started = describe_start(saved)
 
     config = OmegaConf.create(tiny_config(*common, f"training.init_from={first}"))
     result = experiment.run_experiment(config, second)
