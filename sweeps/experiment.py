@@ -41,10 +41,10 @@ from speclab.training.warm_start import begin_warm, recorded_start
 from speclab.training.loggers import log_final
 
 from .doctor import prepare_machine
-from .results import find_speculator_checkpoint, new_result, one_line_error, weights_sha256, write_result
+from .results import (SPECULATOR_SUBDIR, find_speculator_checkpoint, new_result, one_line_error, weights_sha256,
+                      write_result)
 
 log = logging.getLogger(__name__)
-SPECULATOR_DIR = Path("checkpoints") / "speculator"
 
 
 @dataclass
@@ -304,9 +304,9 @@ def trained(cfg: DictConfig, run_dir: Path, result: dict) -> tuple[FrozenTarget,
     speculator.load_state_dict(final_weights(run_dir / CHECKPOINTS))
     if corpus:
         result["data"]["corpus"] = keep_answers(speculator, answers)
-    speculator.save(run_dir / SPECULATOR_DIR,
+    speculator.save(run_dir / SPECULATOR_SUBDIR,
                     extra={"target_config": OmegaConf.to_container(cfg.target, resolve=True)})
-    result["checkpoint"] = str(SPECULATOR_DIR)
+    result["checkpoint"] = str(SPECULATOR_SUBDIR)
     result["final_weights_sha256"] = weights_sha256(speculator.state_dict())
     return target, speculator, heldout, answers
 
@@ -336,8 +336,8 @@ def untrained(cfg: DictConfig, run_dir: Path, result: dict) -> tuple[FrozenTarge
     result["train"] = {"steps": 0, "tokens": 0, "wall_s": 0.0, "final_loss": None, "restarts": 0, "rollbacks": 0}
     # Saved like a trained one (its config, no tensors), so the best run can be exported
     # whatever it is: a serving engine runs the drafting method with these settings.
-    speculator.save(run_dir / SPECULATOR_DIR, extra={"target_config": OmegaConf.to_container(cfg.target, resolve=True)})
-    result["checkpoint"] = str(SPECULATOR_DIR)
+    speculator.save(run_dir / SPECULATOR_SUBDIR, extra={"target_config": OmegaConf.to_container(cfg.target, resolve=True)})
+    result["checkpoint"] = str(SPECULATOR_SUBDIR)
     result["final_weights_sha256"] = weights_sha256(speculator.state_dict())
     return target, speculator, heldout, answers
 
