@@ -12,11 +12,20 @@ serving_figures.py (the figures in docs/serving.md).
 - mlp: vLLM's `MLPSpeculator` rebuilt as an oracle (vllm_mlp_oracle.py), over the full vocabulary;
 - medusa: vLLM's `Medusa` rebuilt as an oracle (vllm_medusa_oracle.py);
 - draft_lm: transformers' `AutoModelForCausalLM.from_pretrained(export)`.
+
+Each comparison is held to `tolerance(scale)`: both sides compute the same function in fp32
+with differently ordered sums, so their round-off grows with the size of the values. 1e-5
+absolute holds logits up to a few units; at the largest logits these random drafts give
+(about 19) it is 5 units in the last place, and an AVX-512 CPU without AMX measured
+1.0014e-5 there (dflash2, speculators' save). So the bound is 1e-5 or 16 units in the last
+place of the largest compared logit, whichever is larger: 3.6e-5 at 19. A real difference
+(another eps, a wrong layer, another mask token) is 1e-3 or more at any of these scales.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from vllm_medusa_oracle import VLLMMedusa
@@ -25,6 +34,26 @@ from vllm_mlp_oracle import VLLMMLPSpeculator
 from speclab.speculator.base import Features
 
 T = 16  # tokens per compared sequence
+ATOL = 1e-5  # fp32 logits of a few units (see the module's docstring)
+ULPS = 16  # units in the last place of the largest logit, the bound for larger ones
+
+
+class Comparison(NamedTuple):
+    diff: float
+    """max |logit difference| over every compared (step, position, token)"""
+    agree: float
+    """the share of compared rows whose argmax agrees"""
+    scale: float
+    """max |logit| on speclab's side (FLOOR placeholders left out): what round-off scales with"""
+
+
+def tolerance(scale: float) -> float:
+    return max(ATOL, ULPS * torch.finfo(torch.float32).eps * scale)
+
+
+def matches(c: Comparison) -> bool:
+    """The same logits up to fp32 round-off, and the same argmax everywhere."""
+    return c.diff < tolerance(c.scale) and c.agree == 1.0
 
 
 def target_features(target, speculator, seed: int = 0) -> Features:
@@ -37,8 +66,9 @@ def target_features(target, speculator, seed: int = 0) -> Features:
     return Features(ids, hs[-1], torch.ones(1, T, dtype=torch.bool), layers)
 
 
-def _figures(got: torch.Tensor, want: torch.Tensor) -> tuple[float, float]:
-    return (got - want).abs().max().item(), (got.argmax(-1) == want.argmax(-1)).float().mean().item()
+def _figures(got: torch.Tensor, want: torch.Tensor) -> Comparison:
+    return Comparison((got - want).abs().max().item(), (got.argmax(-1) == want.argmax(-1)).float().mean().item(),
+                      want.abs().max().item())
 
 
 def load_in_speculators(out: Path):
@@ -59,7 +89,7 @@ def load_in_speculators(out: Path):
 
 
 @torch.no_grad()
-def eagle3_vs_speculators(speculator, out: Path, target) -> tuple[float, float]:
+def eagle3_vs_speculators(speculator, out: Path, target) -> Comparison:
     model = load_in_speculators(out)
     feats = target_features(target, speculator)
     want = speculator.draft_logits(feats)[0, :, : T - 1]  # [3, T-1, N]: step p at t reads x_{t+1+p}
@@ -78,7 +108,7 @@ class _Caught(Exception):
 
 
 @torch.no_grad()
-def peagle_vs_speculators(speculator, out: Path, target) -> tuple[float, float]:
+def peagle_vs_speculators(speculator, out: Path, target) -> Comparison:
     """Every block position: speculators' training forward on every (anchor j, depth d) with
     j + d inside the sequence, against speclab's `draft_logits` [d, j].
 
@@ -135,7 +165,7 @@ def load_block_drafter_in_speculators(out: Path):
 
 
 @torch.no_grad()
-def dflash_vs_speculators(speculator, out: Path, target) -> tuple[float, float]:
+def dflash_vs_speculators(speculator, out: Path, target) -> Comparison:
     """Every block speculators anchors in a T-token sequence (anchors 0..T-block_size-1, all of
     them: max_anchors covers every valid position, so its random pick is all, sorted) against
     speclab's draft logits of the same block: anchor a's slot j is speclab's step j - 1 at row
@@ -179,7 +209,7 @@ def convolved(speculator):
 
 
 @torch.no_grad()
-def dflash2_vs_speculators(speculator, out: Path, target) -> tuple[float, float]:
+def dflash2_vs_speculators(speculator, out: Path, target) -> Comparison:
     """As dflash_vs_speculators, on both of DFlash2's outputs: the unary logits (caught at its
     lm_head) and the drafted distribution, i.e. speculators' own `candidate_selector.select` on
     the unary logits, block states and teacher-forced predecessors its training forward passes
@@ -204,16 +234,23 @@ def dflash2_vs_speculators(speculator, out: Path, target) -> tuple[float, float]
     states = speculator.draft_states(feats)[0, :, : T - bs - 1]  # [steps, rows, d]
     want = [speculator.lm_head(states).transpose(0, 1), speculator.draft_logits(feats)[0, :, : T - bs - 1].transpose(0, 1)]
     diff = max((g - w).abs().max().item() for g, w in zip(got, want))
-    return diff, (got[1].argmax(-1) == want[1].argmax(-1)).float().mean().item()
+    scale = max(want[0].abs().max().item(), want[1][want[1] != FLOOR].abs().max().item())
+    return Comparison(diff, (got[1].argmax(-1) == want[1].argmax(-1)).float().mean().item(), scale)
 
 
 @torch.no_grad()
-def mlp_vs_vllm_oracle(speculator, out: Path, target) -> tuple[float, float]:
+def mlp_vs_vllm_oracle(speculator, out: Path, target) -> Comparison:
     """The difference at the drafted tokens' logits; the argmax over all V target tokens (the
     others' logits are MASKED, see masked_logits_ceiling)."""
     got, want = _mlp_logits(speculator, out, target)
-    ids = speculator.vocab.ids
-    return (got[..., ids] - want).abs().max().item(), (got.argmax(-1) == ids[want.argmax(-1)]).float().mean().item()
+    return drafted_figures(got, want, speculator.vocab.ids)
+
+
+def drafted_figures(got: torch.Tensor, want: torch.Tensor, ids: torch.Tensor) -> Comparison:
+    """A client's logits over all V against speclab's over its N drafted tokens (`ids`): compared
+    at those tokens, the argmax taken over all V."""
+    return Comparison((got[..., ids] - want).abs().max().item(),
+                      (got.argmax(-1) == ids[want.argmax(-1)]).float().mean().item(), want.abs().max().item())
 
 
 @torch.no_grad()
@@ -235,17 +272,16 @@ def _mlp_logits(speculator, out: Path, target) -> tuple[torch.Tensor, torch.Tens
 
 
 @torch.no_grad()
-def medusa_vs_vllm_oracle(speculator, out: Path, target) -> tuple[float, float]:
+def medusa_vs_vllm_oracle(speculator, out: Path, target) -> Comparison:
     """At the drafted tokens' logits; the argmax over all V (vLLM gives the others -inf)."""
     feats = target_features(target, speculator)
     got = VLLMMedusa.from_export(out).logits(feats.hidden[0])  # [T, K, V]
     want = speculator.draft_logits(feats)[0].transpose(0, 1)  # [T, K, N]
-    ids = speculator.vocab.ids
-    return (got[..., ids] - want).abs().max().item(), (got.argmax(-1) == ids[want.argmax(-1)]).float().mean().item()
+    return drafted_figures(got, want, speculator.vocab.ids)
 
 
 @torch.no_grad()
-def draft_lm_vs_transformers(speculator, out: Path, target) -> tuple[float, float]:
+def draft_lm_vs_transformers(speculator, out: Path, target) -> Comparison:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(out)).eval()

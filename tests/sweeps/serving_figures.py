@@ -22,7 +22,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from interop import CLIENT, COMPARE, convolved, random_input_norm
+from interop import CLIENT, COMPARE, convolved, drafted_figures, random_input_norm
 from test_export_layouts import SPECS, exported
 from vllm_mlp_oracle import VLLMMLPSpeculator
 
@@ -90,10 +90,7 @@ def demo_shaped_mlp(tmp: Path) -> tuple[float, float, str]:
         want = speculator.draft_logits(feats)[0][:, : T - n].transpose(0, 1)  # [t, n, N]
         tokens = torch.stack([feats.input_ids[0, t + 1 : t + 1 + n] for t in range(T - n)])
         got = VLLMMLPSpeculator.from_export(out).stage_logits(feats.hidden[0, : T - n], tokens)  # [t, n, V]
-    ids = speculator.vocab.ids
-    diff = (got[..., ids] - want).abs().max().item()
-    agree = (got.argmax(-1) == ids[want.argmax(-1)]).float().mean().item()
-    return diff, agree, size(out)
+    return drafted_figures(got, want, speculator.vocab.ids), size(out)
 
 
 def main() -> None:
@@ -104,12 +101,12 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             prepare = random_input_norm if spec.get("norm_before_fc") else PREPARE.get(family)
             speculator, out = exported(Path(tmp), target, family, spec=spec, prepare=prepare)
-            diff, agree = COMPARE[family](speculator, out, target)
-            print(f"| {label} | {CLIENT[family]} | {diff:.1e} | {agree:.0%} | {size(out)} |")
+            c = COMPARE[family](speculator, out, target)
+            print(f"| {label} | {CLIENT[family]} | {c.diff:.1e} | {c.agree:.0%} | {size(out)} |")
     with tempfile.TemporaryDirectory() as tmp:
-        diff, agree, sized = demo_shaped_mlp(Path(tmp))
-        print(f"| mlp, the demo's shape on SmolLM2 sizes (random weights) | {CLIENT['mlp']} | {diff:.1e} | "
-              f"{agree:.0%} | {sized} |")
+        c, sized = demo_shaped_mlp(Path(tmp))
+        print(f"| mlp, the demo's shape on SmolLM2 sizes (random weights) | {CLIENT['mlp']} | {c.diff:.1e} | "
+              f"{c.agree:.0%} | {sized} |")
 
 
 if __name__ == "__main__":
