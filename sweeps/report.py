@@ -303,6 +303,7 @@ TABLES: dict[str, tuple[str, Callable[[list[dict]], str]]] = {
     "eagle3-1-1m-epoch4-bench": ("docs/records/eagle3_1_1m_epoch4_bench.csv", repeated),
     "eagle3-1-100k-bench": ("docs/records/eagle3_1_100k_bench.csv", repeated),
     "eagle3-1-100k-lr-bench": ("docs/records/eagle3_1_100k_lr_bench.csv", repeated),
+    "eagle3-1-100k-hybrid-bench": ("docs/records/eagle3_1_100k_hybrid_bench.csv", repeated),
     "runtime": ("docs/records/runtime.csv", runtime),
     "full-recipe": ("docs/records/full_recipe.csv", medians),
     "full-recipe-repeat": ("docs/records/full_recipe_repeat.csv", repeated),
