@@ -22,7 +22,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from interop import CLIENT, COMPARE, convolved, drafted_figures, random_input_norm
+from interop import CLIENT, COMPARE, Comparison, convolved, drafted_figures, random_input_norm
 from test_export_layouts import SPECS, exported
 from vllm_mlp_oracle import VLLMMLPSpeculator
 
@@ -68,7 +68,7 @@ def size(out: Path) -> str:
     return f"{weights / 1e6:.3f} MB weights, {total / 1e6:.3f} MB in all"
 
 
-def demo_shaped_mlp(tmp: Path) -> tuple[float, float, str]:
+def demo_shaped_mlp(tmp: Path) -> tuple[Comparison, str]:
     from test_run_rows import make_run
 
     info = TargetInfo(vocab_size=49152, hidden_size=576, num_layers=30, name="HuggingFaceTB/SmolLM2-135M-Instruct")

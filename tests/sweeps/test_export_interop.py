@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from interop import T, convolved, dflash2_vs_speculators, dflash_vs_speculators, draft_lm_vs_transformers, \
+from interop import T, Comparison, convolved, dflash2_vs_speculators, dflash_vs_speculators, draft_lm_vs_transformers, \
     eagle3_vs_speculators, load_block_drafter_in_speculators, load_in_speculators, masked_logits_ceiling, matches, \
-    medusa_vs_vllm_oracle, mlp_vs_vllm_oracle, peagle_vs_speculators, random_input_norm
+    medusa_vs_vllm_oracle, mlp_vs_vllm_oracle, peagle_vs_speculators, random_input_norm, tolerance
 from test_export_layouts import SPECS, exported, same_state, tensor_names
 from transformers import AutoModelForCausalLM
 
@@ -31,6 +31,17 @@ from speclab.sweeps.export_mlp import MASKED
 
 MAKEFILE = Path(__file__).resolve().parents[2] / "Makefile"
 
+
+
+def test_the_tolerance_is_fp32_round_off_and_no_more():
+    """1e-5 at logits of a few units; at 19, 16 units in the last place (3.6e-5), which holds
+    the 1.0014e-5 an AVX-512 CPU without AMX measured there but not a real difference."""
+    assert tolerance(1.0) == 1e-5
+    assert tolerance(19.0) == pytest.approx(16 * 2**-23 * 19.0)
+    assert matches(Comparison(1.0014e-5, 1.0, 18.8))
+    assert not matches(Comparison(1.0014e-5, 1.0, 2.0))
+    assert not matches(Comparison(1e-3, 1.0, 19.0))
+    assert not matches(Comparison(0.0, 0.99, 1.0))
 
 @pytest.fixture(scope="module")
 def target():
